@@ -1,0 +1,112 @@
+"""tuner.reference against bitsandbytes' own CPU path, bit for bit."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+bnb_F = pytest.importorskip("bitsandbytes.functional")
+
+from tuner import reference as R
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+# element counts not divisible by the blocksize, by 2 or by 16; 1-D and 2-D
+SHAPES = [(97, 33), (4097,), (7, 129), (64, 64)]
+
+
+def _bits(t):
+    return t.view(torch.int32) if t.dtype == torch.float32 else t.view(torch.int16)
+
+
+def test_dynamic_map_matches_bnb():
+    assert np.array_equal(R.dynamic_map(), bnb_F.create_dynamic_map().numpy())
+
+
+def test_codes_match_bnb_tables():
+    assert np.array_equal(R.NF4_CODE, bnb_F.get_4bit_type("nf4", device="cpu").numpy())
+    cpu_fp4 = bnb_F.get_4bit_type("fp4", device="cpu").numpy()
+    assert np.array_equal(R.FP4_CODE_CPU.view(np.uint32), cpu_fp4.view(np.uint32))
+    # the CUDA table differs from the CPU table only in the sign of zero at code 0b1000
+    assert R.FP4_CODE[8] == 0 and np.signbit(R.FP4_CODE[8]) and not np.signbit(cpu_fp4[8])
+    assert np.array_equal(np.delete(R.FP4_CODE, 8), np.delete(cpu_fp4, 8))
+
+
+@pytest.mark.parametrize("blocksize", R.BLOCKSIZES)
+@pytest.mark.parametrize("quant", ["nf4", "fp4"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_quantize_and_dequantize_match_bnb(seed, dtype, quant, blocksize):
+    g = torch.Generator().manual_seed(seed)
+    for shape, nested in itertools.product(SHAPES, [True, False]):
+        w = torch.randn(shape, generator=g).to(dtype)
+        A, qs = bnb_F.quantize_4bit(w, blocksize=blocksize, quant_type=quant, compress_statistics=nested)
+        A2, qs2 = R.quantize_4bit(w, blocksize=blocksize, quant_type=quant, compress_statistics=nested)
+        ctx = f"seed {seed} shape {shape} nested {nested}"
+        assert torch.equal(A, A2), ctx
+        assert A2.shape == ((w.numel() + 1) // 2, 1) and A2.dtype == torch.uint8
+        assert torch.equal(qs.absmax, qs2.absmax), ctx
+        assert qs2.shape == qs.shape and qs2.dtype == qs.dtype and qs2.blocksize == qs.blocksize
+        if nested:
+            assert torch.equal(qs.offset, qs2.offset), ctx
+            assert torch.equal(qs.state2.absmax, qs2.state2.absmax), ctx
+            assert torch.equal(qs.state2.code, qs2.state2.code), ctx
+            assert qs2.state2.blocksize == qs.state2.blocksize == 256
+
+        want = bnb_F.dequantize_4bit(A, qs)
+        got = R.dequantize_4bit(A, qs)        # bnb's own QuantState in
+        got2 = R.dequantize_4bit(A2, qs2)     # the reference's QuantState in
+        assert got.dtype == dtype and tuple(got.shape) == tuple(shape), ctx
+        assert torch.equal(_bits(got), _bits(got2)), ctx
+        same = _bits(got) == _bits(want)
+        if quant == "nf4":
+            assert bool(same.all()), f"{ctx}: {int((~same).sum())} elements differ"
+        else:
+            # fp4 code 0b1000: -0.0 on CUDA (the reference), +0.0 on bnb's CPU path
+            nib = torch.from_numpy(R.nibbles(A.numpy(), w.numel()).astype(np.int64)).reshape(shape)
+            assert bool(same[nib != 8].all()), ctx
+            assert bool((got[nib == 8] == 0).all()) and bool(torch.signbit(got[nib == 8]).all())
+            assert bool((want[nib == 8] == 0).all())
+
+
+def test_nested_scale_is_two_roundings_without_fma(seed):
+    """scale = fl(fl(code2[q] * absmax2[g]) + offset): differs from a fused multiply-add."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(64 * 4096, generator=g)
+    A, qs = R.quantize_4bit(w, blocksize=64)
+    scales = R.block_scales(qs)
+    q = qs.absmax.numpy()
+    c2 = qs.state2.code.numpy().astype(np.float64)
+    a2 = qs.state2.absmax.numpy().astype(np.float64)
+    fused = (c2[q] * a2[np.arange(q.size) // 256] + float(qs.offset)).astype(np.float32)
+    two = ((c2[q] * a2[np.arange(q.size) // 256]).astype(np.float32) + np.float32(qs.offset)).astype(np.float32)
+    assert np.array_equal(scales, two)
+    assert not np.array_equal(fused, two)  # a fused kernel with FMA would be off in the last bit
+
+
+def test_transposed_packed_form_is_transposed_back():
+    w = torch.randn(6, 10)
+    A, qs = bnb_F.quantize_4bit(w, blocksize=64)
+    At = A.t().contiguous()  # legacy [1, n] form
+    got = R.dequantize_4bit(At, qs)
+    want = bnb_F.dequantize_4bit(At, qs)
+    assert got.shape == want.shape == (10, 6)
+    assert torch.equal(_bits(got.contiguous()), _bits(want.contiguous()))
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="blocksize"):
+        R.quantize_4bit(torch.randn(100), blocksize=48)
+    with pytest.raises(ValueError, match="quant_type"):
+        R.quantize_4bit(torch.randn(100), quant_type="int4")
+    with pytest.raises(ValueError, match="16/32-bit"):
+        R.quantize_4bit(torch.arange(10))
+    A, qs = R.quantize_4bit(torch.randn(100))
+    with pytest.raises(ValueError, match="bytes"):
+        R.dequantize_4bit(A[:10], qs)
+
+
+def test_bf16_rounding_is_nearest_even():
+    vals = np.array([1.0 + 2**-8, 1.0 + 3 * 2**-8, -1.0 - 2**-8, 1.0 + 2**-8 + 2**-20], np.float32)
+    bits = R.to_output_bits(vals, "bfloat16")
+    want = torch.from_numpy(vals).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(bits, want)

@@ -1,0 +1,215 @@
+"""``nf4-tune``: a thin command line over the tuner library.
+
+Each subcommand turns its arguments into one library call and prints the result. User errors
+exit 1 with a message; "cannot run here" (no GPU) exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional, Sequence
+
+from . import space as _space
+
+EXIT_USER_ERROR = 1
+EXIT_CANNOT_RUN = 2
+
+
+class UserError(Exception):
+    """Bad input from the command line: printed as 'nf4-tune: error: ...', exit 1."""
+
+
+def _progress_printer(label: str):
+    state = {"last": -1}
+
+    def show(done: int, total: int):
+        pct = int(100 * done / max(total, 1))
+        if pct != state["last"] or done == total:
+            state["last"] = pct
+            end = "\n" if done == total else "\r"
+            print(f"{label}: {done}/{total} ({pct}%)", end=end, file=sys.stderr, flush=True)
+
+    return show
+
+
+# ------------------------------------------------------------------------------- space
+def cmd_space(args) -> int:
+    dtypes = args.dtype or list(_space.DTYPES)
+    quants = args.quant or list(_space.QUANTS)
+    total = _space.space_size(dtypes, quants)
+    sources = len(_space.distinct_sources(_space.iter_space(dtypes, quants)))
+    if args.json:
+        print(json.dumps(dict(knobs={k: list(v) for k, v in _space.KNOBS.items()}, size=total,
+                              distinct_sources=sources, presets=_space.PRESETS), indent=2))
+        return 0
+    print("knobs:")
+    for k, values in _space.KNOBS.items():
+        shown = ", ".join("None" if v is None else str(v) for v in values)
+        print(f"  {k:<17} {shown:<44} {_space.KNOB_HELP[k]}")
+    print("constraints:")
+    print(f"  bytes_per_thread * unroll <= {_space.MAX_INFLIGHT_BYTES} packed bytes in flight per thread")
+    print("  oneshot grid: ctas_per_sm is None; persistent grid: ctas_per_sm in 1, 2, 4, 8 and")
+    print(f"  threads * ctas_per_sm <= {_space.MAX_RESIDENT_THREADS} resident threads per SM")
+    print("presets: " + ", ".join(sorted(_space.PRESETS)))
+    print(f"dtypes {', '.join(dtypes)}; quants {', '.join(quants)}")
+    print(f"configurations: {total}")
+    print(f"distinct CUDA sources: {sources}")
+    return 0
+
+
+# ------------------------------------------------------------------------------- compile
+def cmd_compile(args) -> int:
+    from . import compiler
+
+    arch = args.arch or compiler.visible_arch()
+    configs = list(_space.iter_space(args.dtype or _space.DTYPES, args.quant or _space.QUANTS))
+    summary = compiler.compile_many(configs, arch, workers=args.workers, cache_dir=args.cache,
+                                    progress=None if args.quiet else _progress_printer(f"compile {arch}"))
+    if args.json:
+        print(json.dumps(summary.to_dict(), indent=2))
+    else:
+        print(f"arch {arch}, NVRTC {compiler.nvrtc_version()}: {summary.configs} configurations, "
+              f"{summary.sources} distinct sources")
+        print(f"compiled {summary.compiled} ({summary.cache_hits} from cache), failures {len(summary.failures)}, "
+              f"{summary.seconds:.1f} s")
+        print(f"max registers {summary.max_registers}, sources with spills {summary.spilling}")
+        for config, err in summary.failures[:20]:
+            print(f"  FAILED {config.to_json()}: {err.splitlines()[0]}")
+    return 1 if summary.failures else 0
+
+
+# ------------------------------------------------------------------------------- bench
+def _bench_candidates(args) -> list:
+    dtype, quant = args.dtype, args.quant
+    cands = []
+    for text in args.config:
+        d = json.loads(text) if text.strip().startswith("{") else None
+        if d is None:
+            raise UserError(f"--config {text!r} is not a JSON object")
+        d.setdefault("dtype", dtype)
+        d.setdefault("quant", quant)
+        if d["dtype"] != dtype or d["quant"] != quant:
+            raise UserError(f"--config {text} does not match --dtype {dtype} --quant {quant}")
+        cands.append(_space.KernelConfig.from_dict(d))
+    for name in args.preset:
+        cands.append(_space.preset(name, dtype, quant))
+    if args.sweep:
+        from .bench import sweep_configs
+
+        base = cands[0] if cands else _space.preset("blog", dtype, quant)
+        cands = cands + sweep_configs(base, args.sweep)
+    if not cands:
+        cands = [_space.preset("blog", dtype, quant), _space.preset("bnb-like", dtype, quant)]
+    names = {c: n for n in args.preset for c in [_space.preset(n, dtype, quant)]}
+    seen = {}
+    for c in cands:
+        seen.setdefault(c, f"{names[c]}: {c.short()}" if c in names else c.short())
+    return [(label, c) for c, label in seen.items()]
+
+
+def cmd_bench(args) -> int:
+    from .gpu import require_gpu
+    from .gate import Problem
+
+    problems = [Problem(Problem.parse_shape(s), args.dtype, args.quant, args.blocksize) for s in args.shape]
+    candidates = _bench_candidates(args)
+    require_gpu()
+    from .bench import bench_problem, format_report
+
+    reports = []
+    for i, prob in enumerate(problems):
+        print(f"[{i + 1}/{len(problems)}] {prob.label()}: gating and timing {len(candidates)} config(s)",
+              file=sys.stderr, flush=True)
+        seed = None if args.seed is None else args.seed + 1000 * i
+        rep = bench_problem(prob, candidates, seed=seed, time_cap_s=args.time_cap)
+        reports.append(rep)
+        if not args.json:
+            print(format_report(rep, top=args.top), flush=True)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in reports]))
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump([r.to_dict() for r in reports], f)
+    return 0
+
+
+# ------------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nf4-tune",
+        description="Tune, check and serve fused NF4/FP4 dequantization kernels that are bit-identical "
+                    "to bitsandbytes.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    sp = sub.add_parser("space", help="print the knobs, constraints and size of the tuning space",
+                        description="Print every knob of the kernel template, the constraints that rule "
+                                    "points out, the presets, and how many configurations and distinct "
+                                    "CUDA sources the space holds.")
+    sp.add_argument("--dtype", action="append", choices=_space.DTYPES, help="restrict to output dtype(s)")
+    sp.add_argument("--quant", action="append", choices=_space.QUANTS, help="restrict to quant type(s)")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.set_defaults(func=cmd_space)
+
+    cp = sub.add_parser("compile", help="compile every distinct source of the space with NVRTC",
+                        description="Compile the whole space (or the dtypes/quants given) to CUBIN with "
+                                    "NVRTC in parallel processes, through the on-disk cache. Prints the "
+                                    "count, failures and time; exits 1 if any source fails.")
+    cp.add_argument("--arch", choices=("sm_80", "sm_86", "sm_89", "sm_90"),
+                    help="target arch (default: the visible GPU's)")
+    cp.add_argument("--dtype", action="append", choices=_space.DTYPES)
+    cp.add_argument("--quant", action="append", choices=_space.QUANTS)
+    cp.add_argument("--workers", type=int, default=None, help="parallel compile processes (default: CPU count)")
+    cp.add_argument("--cache", default=None, help="cache directory (default: $NF4TUNE_CACHE or ~/.cache/nf4-tune/cubin)")
+    cp.add_argument("--quiet", action="store_true", help="no progress line")
+    cp.add_argument("--json", action="store_true")
+    cp.set_defaults(func=cmd_compile)
+
+    bp = sub.add_parser("bench", help="gate and time configs against bnb on the visible GPU",
+                        description="For each --shape: check every config bit for bit against bnb's CUDA "
+                                    "dequantize_4bit (fresh random data, an odd shape too), then time the valid "
+                                    "ones interleaved with bnb's dequantize_4bit, bnb's 4-bit kernel alone and "
+                                    "a device copy of the output size, L2 flushed before every repetition. "
+                                    "Prints a table per problem (us median and IQR, GB/s, %% of copy, x bnb).")
+    bp.add_argument("--shape", action="append", required=True, metavar="RxC", help="weight shape, repeatable")
+    bp.add_argument("--dtype", default="bf16", choices=_space.DTYPES)
+    bp.add_argument("--quant", default="nf4", choices=_space.QUANTS)
+    bp.add_argument("--blocksize", type=int, default=64, choices=(32, 64, 128, 256, 512, 1024, 2048, 4096))
+    bp.add_argument("--config", action="append", default=[], metavar="JSON",
+                    help="a config as JSON (knobs not given take the default); repeatable")
+    bp.add_argument("--preset", action="append", default=[], choices=sorted(_space.PRESETS), help="repeatable")
+    bp.add_argument("--sweep", action="append", default=[], metavar="KNOB=V1,V2",
+                    help="sweep knobs around the first config (or the blog preset); repeatable, cartesian")
+    bp.add_argument("--top", type=int, default=None, help="show only the N fastest configs per problem")
+    bp.add_argument("--seed", type=int, default=None, help="random seed (default: fresh each run)")
+    bp.add_argument("--time-cap", type=float, default=3.0, help="seconds of timing per problem at most")
+    bp.add_argument("--json", action="store_true", help="print the full reports as JSON")
+    bp.add_argument("-o", "--output", default=None, help="also write the JSON reports to this file")
+    bp.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from .gpu import NoGPUError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USER_ERROR
+    try:
+        return int(args.func(args) or 0)
+    except NoGPUError as e:
+        print(f"nf4-tune: cannot run: {e}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    except (UserError, _space.InvalidConfig, ValueError) as e:
+        print(f"nf4-tune: error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("nf4-tune: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
