@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine: environment, GPU tests, then benchmarks. Everything lands in
+# $OUT (default ./gpu-out). Usage: bash ci/gpu-session.sh [tests] [bench] [explore]
+set -uo pipefail
+OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD/.devsite:$PWD PYTHONUNBUFFERED=1
+export NF4TUNE_CACHE=${NF4TUNE_CACHE:-/tmp/nf4tune-cache}
+py=python3
+want() { for a in "${MODES[@]}"; do [ "$a" = "$1" ] && return 0; done; return 1; }
+MODES=("$@"); [ ${#MODES[@]} -eq 0 ] && MODES=(tests bench)
+
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
+  $py - <<'PY'
+import torch, cuda.core, bitsandbytes, numpy
+from tuner.compiler import nvrtc_version
+print("torch", torch.__version__, "cuda.core", cuda.core.__version__, "bnb", bitsandbytes.__version__,
+      "numpy", numpy.__version__, "nvrtc", nvrtc_version())
+PY
+} 2>&1 | tee "$OUT/env.txt"
+
+if want tests; then
+  $py -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu-tests.txt"
+fi
+if want bench; then
+  $py -m tuner.cli bench --dtype bf16 --quant nf4 --blocksize 64 \
+     --shape 4096x4096 --shape 4096x14336 --shape 14336x4096 --shape 8192x8192 --shape 8192x28672 --shape 16384x16384 \
+     --preset blog --preset bnb-like ${BENCH_CONFIGS:-} -o "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
+fi
+if want explore; then
+  $py -m tuner.cli bench --shape 16384x16384 --shape 4096x4096 --top 12 --time-cap 2 \
+     --sweep bytes_per_thread=4,8,16 --sweep unroll=1,2,4 --sweep threads=128,256,512 \
+     --sweep lut=shared,register --sweep store=plain,streaming --sweep index=hoisted \
+     -o "$OUT/explore.json" 2>&1 | tee "$OUT/explore.txt"
+fi
