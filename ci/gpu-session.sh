@@ -33,3 +33,6 @@ if want explore; then
      --sweep lut=shared,register --sweep store=plain,streaming --sweep index=hoisted \
      -o "$OUT/explore.json" 2>&1 | tee "$OUT/explore.txt"
 fi
+if want script; then
+  $py ${SCRIPT:?} 2>&1 | tee "$OUT/script.txt"
+fi

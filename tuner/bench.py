@@ -51,6 +51,7 @@ class ProblemReport:
     gpu_before: dict
     gpu_after: dict
     seed: int
+    flush_mode: str = "read"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -93,7 +94,7 @@ def _gbps(nbytes: int, us: float) -> float:
 
 
 def bench_problem(problem: Problem, candidates: Sequence[tuple[str, KernelConfig]], seed: Optional[int] = None,
-                  **timing) -> ProblemReport:
+                  flush_mode: str = "read", **timing) -> ProblemReport:
     """Gate and time ``candidates`` (label, config) on ``problem`` against bnb and a copy."""
     import torch
     import bitsandbytes.functional as F
@@ -145,7 +146,7 @@ def bench_problem(problem: Problem, candidates: Sequence[tuple[str, KernelConfig
     for label, (_, _, launch) in bound.items():
         fns[label] = launch
     before = gpu_state()
-    samples = measure_interleaved(fns, flush=l2_flush_buffer(), **timing)
+    samples = measure_interleaved(fns, flush=l2_flush_buffer(mode=flush_mode), **timing)
     after = gpu_state()
     # bnb's output of the timed runs must still be the reference (nothing raced)
     bnb_full()
@@ -170,7 +171,7 @@ def bench_problem(problem: Problem, candidates: Sequence[tuple[str, KernelConfig
     refs = [row(REF_BNB, "reference"), row(REF_BNB_KERNEL, "reference"), row(REF_COPY, "reference")]
     return ProblemReport(problem=asdict(problem), bytes_moved=nbytes, copy_gbps=copy_gbps,
                          results=refs + sorted(timed, key=lambda r: r.median_us) + results,
-                         gpu_before=before, gpu_after=after, seed=seed)
+                         gpu_before=before, gpu_after=after, seed=seed, flush_mode=flush_mode)
 
 
 def format_report(rep: ProblemReport, top: Optional[int] = None) -> str:

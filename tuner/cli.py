@@ -123,7 +123,7 @@ def cmd_bench(args) -> int:
         print(f"[{i + 1}/{len(problems)}] {prob.label()}: gating and timing {len(candidates)} config(s)",
               file=sys.stderr, flush=True)
         seed = None if args.seed is None else args.seed + 1000 * i
-        rep = bench_problem(prob, candidates, seed=seed, time_cap_s=args.time_cap)
+        rep = bench_problem(prob, candidates, seed=seed, time_cap_s=args.time_cap, flush_mode=args.flush)
         reports.append(rep)
         if not args.json:
             print(format_report(rep, top=args.top), flush=True)
@@ -184,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--top", type=int, default=None, help="show only the N fastest configs per problem")
     bp.add_argument("--seed", type=int, default=None, help="random seed (default: fresh each run)")
     bp.add_argument("--time-cap", type=float, default=3.0, help="seconds of timing per problem at most")
+    bp.add_argument("--flush", default="read", choices=("read", "write"),
+                    help="L2 flush between repetitions: read a 4xL2 buffer (cold, clean L2; default) or "
+                         "zero-fill it (cold, dirty L2, as triton's do_bench)")
     bp.add_argument("--json", action="store_true", help="print the full reports as JSON")
     bp.add_argument("-o", "--output", default=None, help="also write the JSON reports to this file")
     bp.set_defaults(func=cmd_bench)

@@ -7,7 +7,6 @@ any launch: a kernel never touches memory out of bounds because of a bad pointer
 
 from __future__ import annotations
 
-import ctypes
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -179,7 +178,7 @@ class DequantKernel:
         if regs is not None and regs * c.threads > 65536:
             raise LaunchError(f"{c.short()}: {regs} registers x {c.threads} threads exceeds the 65536 "
                               "registers of an SM; the block cannot launch")
-        p = ctypes.c_void_p
+        p = np.uint64  # a device pointer, passed as a 64-bit kernel argument
         if qs.state2 is not None:
             s2 = qs.state2
             g = int(s2.blocksize)

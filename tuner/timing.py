@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional
 
-__all__ = ["Samples", "measure_interleaved", "l2_flush_buffer", "gpu_state"]
+__all__ = ["Samples", "L2Flush", "measure_interleaved", "l2_flush_buffer", "gpu_state"]
 
 
 @dataclass
@@ -35,12 +35,39 @@ class Samples:
         return self.iqr / self.median if self.us and self.median > 0 else float("inf")
 
 
-def l2_flush_buffer(factor: int = 2):
-    """A device buffer of at least ``factor`` times the L2 size: writing it evicts the L2."""
-    import torch
+class L2Flush:
+    """Evicts the L2 before a repetition by streaming through a buffer of ``factor`` times its size.
 
-    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    return torch.empty(max(factor * l2, 32 << 20), dtype=torch.uint8, device="cuda")
+    ``mode="read"`` (default) reads the buffer: it leaves the L2 cold *and clean*, and the dirty
+    lines of the previous repetition are written back during the flush, not during the next
+    timed kernel. ``mode="write"`` zero-fills it (triton's do_bench does this), which leaves the
+    whole L2 dirty: the next timed kernel then pays for writing back up to an L2 of someone
+    else's data, which penalises small problems.
+    """
+
+    def __init__(self, factor: int = 4, mode: str = "read"):
+        import torch
+
+        if mode not in ("read", "write"):
+            raise ValueError(f"flush mode {mode!r} is not 'read' or 'write'")
+        self.l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+        nbytes = max(factor * self.l2_bytes, 32 << 20)
+        self.mode = mode
+        self.buffer = torch.ones(nbytes // 4, dtype=torch.float32, device="cuda")
+        self.sink = torch.empty((), dtype=torch.float32, device="cuda")
+
+    def __call__(self):
+        import torch
+
+        if self.mode == "read":
+            torch.sum(self.buffer, dim=0, out=self.sink)
+        else:
+            self.buffer.zero_()
+
+
+def l2_flush_buffer(factor: int = 4, mode: str = "read") -> L2Flush:
+    """The L2 flush used between repetitions (see :class:`L2Flush`)."""
+    return L2Flush(factor, mode)
 
 
 def measure_interleaved(fns: Dict[str, Callable[[], object]], *, warmup: int = 3, min_reps: int = 15,
@@ -54,10 +81,15 @@ def measure_interleaved(fns: Dict[str, Callable[[], object]], *, warmup: int = 3
 
     flush = l2_flush_buffer() if flush is None else flush
     names = list(fns)
-    for _ in range(warmup):
+    # warm up by count and by time: first calls pay for lazy initialisation (bnb, torch.compile)
+    t_warm = time.perf_counter()
+    done = 0
+    while done < warmup or time.perf_counter() - t_warm < 0.2:
         for name in names:
+            flush()
             fns[name]()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        done += 1
     samples = {name: Samples() for name in names}
     start = time.perf_counter()
     rep = 0
@@ -65,7 +97,7 @@ def measure_interleaved(fns: Dict[str, Callable[[], object]], *, warmup: int = 3
         order = names[rep % len(names):] + names[:rep % len(names)]
         events = []
         for name in order:
-            flush.zero_()
+            flush()
             e0 = torch.cuda.Event(enable_timing=True)
             e1 = torch.cuda.Event(enable_timing=True)
             e0.record()
