@@ -239,11 +239,10 @@ __device__ __forceinline__ void load_step(const unsigned char* __restrict__ A, u
 #endif
 }
 
-// Decode a full step (all 2*NF4T_BYTES outputs inside n) and store it with wide stores.
-__device__ __forceinline__ void decode_store_step(const Scales& s, out_t* __restrict__ out, u32 step,
-                                                  const u32 (&w)[NF4T_LOAD_WORDS], float hoisted_scale) {
+// Decode a full step (all 2*NF4T_BYTES outputs inside n) into NF4T_OUT_WORDS 32-bit words.
+__device__ __forceinline__ void decode_step(const Scales& s, u32 step, const u32 (&w)[NF4T_LOAD_WORDS],
+                                            float hoisted_scale, u32 (&o)[NF4T_OUT_WORDS]) {
     const u32 e0 = step * (2 * NF4T_BYTES);
-    u32 o[NF4T_OUT_WORDS];
 #pragma unroll
     for (int j = 0; j < NF4T_BYTES; ++j) {
         const u32 byte = (w[j >> 2] >> ((j & 3) * 8)) & 0xffu;
@@ -261,7 +260,14 @@ __device__ __forceinline__ void decode_store_step(const Scales& s, out_t* __rest
         o[j] = pack_pair(first, second);
 #endif
     }
-    u32* dst = reinterpret_cast<u32*>(out + e0);
+}
+
+// Decode a full step and store it with wide stores.
+__device__ __forceinline__ void decode_store_step(const Scales& s, out_t* __restrict__ out, u32 step,
+                                                  const u32 (&w)[NF4T_LOAD_WORDS], float hoisted_scale) {
+    u32 o[NF4T_OUT_WORDS];
+    decode_step(s, step, w, hoisted_scale, o);
+    u32* dst = reinterpret_cast<u32*>(out + step * (2 * NF4T_BYTES));
 #if NF4T_OUT_WORDS >= 4
 #pragma unroll
     for (int k = 0; k < NF4T_OUT_WORDS; k += 4) store_v4(dst + k, o[k], o[k + 1], o[k + 2], o[k + 3]);
