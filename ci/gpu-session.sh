@@ -29,13 +29,13 @@ if want bench; then
      --shape 4096x4096 --shape 4096x14336 --shape 14336x4096 --shape 8192x8192 --shape 8192x28672 --shape 16384x16384 \
      --config "$BEST" --preset blog --preset bnb-like \
      --sweep threads=128,256,512 --sweep store=plain,streaming --sweep unroll=2,4 \
-     -o "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
+     --db "$OUT/nf4tune.db" -o "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt"
   $py -m tuner.cli bench --dtype fp16 --shape 4096x4096 --shape 16384x16384 --config "$BEST" --preset blog --preset bnb-like \
-     -o "$OUT/bench-fp16.json" 2>&1 | tee "$OUT/bench-fp16.txt"
+     --db "$OUT/nf4tune.db" -o "$OUT/bench-fp16.json" 2>&1 | tee "$OUT/bench-fp16.txt"
   $py -m tuner.cli bench --dtype fp32 --shape 8192x8192 --config "$BEST" --preset blog --preset bnb-like \
-     -o "$OUT/bench-fp32.json" 2>&1 | tee "$OUT/bench-fp32.txt"
+     --db "$OUT/nf4tune.db" -o "$OUT/bench-fp32.json" 2>&1 | tee "$OUT/bench-fp32.txt"
   $py -m tuner.cli bench --quant fp4 --shape 8192x8192 --config "$BEST" --preset blog --preset bnb-like \
-     -o "$OUT/bench-fp4.json" 2>&1 | tee "$OUT/bench-fp4.txt"
+     --db "$OUT/nf4tune.db" -o "$OUT/bench-fp4.json" 2>&1 | tee "$OUT/bench-fp4.txt"
 fi
 if want explore; then
   $py -m tuner.cli bench --shape 16384x16384 --shape 4096x4096 --top 12 --time-cap 2 \

@@ -12,6 +12,7 @@ import sys
 from typing import Optional, Sequence
 
 from . import space as _space
+from db._engine import DatabaseError as _DatabaseError
 
 EXIT_USER_ERROR = 1
 EXIT_CANNOT_RUN = 2
@@ -115,9 +116,17 @@ def cmd_bench(args) -> int:
 
     problems = [Problem(Problem.parse_shape(s), args.dtype, args.quant, args.blocksize) for s in args.shape]
     candidates = _bench_candidates(args)
-    require_gpu()
+    gpu = require_gpu()
     from .bench import bench_problem, format_report
 
+    repo = run = None
+    if not args.no_db:
+        from . import record
+
+        repo = record.open_repository(args.db)
+        run = repo.start_run("bench", record.gpu_row(repo, gpu),
+                             repo.environment(**record.environment_versions(gpu.driver_version)),
+                             command=" ".join(sys.argv))
     reports = []
     for i, prob in enumerate(problems):
         print(f"[{i + 1}/{len(problems)}] {prob.label()}: gating and timing {len(candidates)} config(s)",
@@ -125,8 +134,14 @@ def cmd_bench(args) -> int:
         seed = None if args.seed is None else args.seed + 1000 * i
         rep = bench_problem(prob, candidates, seed=seed, time_cap_s=args.time_cap, flush_mode=args.flush)
         reports.append(rep)
+        if repo is not None:
+            record.record_report(repo, run, rep)
+            record.gpu_row(repo, gpu, copy_gbps=rep.copy_gbps)
         if not args.json:
             print(format_report(rep, top=args.top), flush=True)
+    if repo is not None:
+        repo.finish_run(run)
+        print(f"stored as run {run.id} in {repo.db.url}", file=sys.stderr)
     if args.json:
         print(json.dumps([r.to_dict() for r in reports]))
     if args.output:
@@ -189,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "zero-fill it (cold, dirty L2, as triton's do_bench)")
     bp.add_argument("--json", action="store_true", help="print the full reports as JSON")
     bp.add_argument("-o", "--output", default=None, help="also write the JSON reports to this file")
+    bp.add_argument("--db", default=None, metavar="URL",
+                    help="store the run here (default: $NF4TUNE_DB or ./nf4tune.db; a path means SQLite)")
+    bp.add_argument("--no-db", action="store_true", help="do not store the run")
     bp.set_defaults(func=cmd_bench)
     return p
 
@@ -206,7 +224,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except NoGPUError as e:
         print(f"nf4-tune: cannot run: {e}", file=sys.stderr)
         return EXIT_CANNOT_RUN
-    except (UserError, _space.InvalidConfig, ValueError) as e:
+    except (UserError, _space.InvalidConfig, ValueError, _DatabaseError) as e:
         print(f"nf4-tune: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:

@@ -1,0 +1,19 @@
+"""Alembic environment: runs on the connection nf4-tune's db.connect hands over."""
+
+from alembic import context
+
+from db._models import Base
+
+connection = context.config.attributes.get("connection")
+if connection is None:  # `alembic` CLI use: build an engine from the URL option
+    from db._engine import make_engine, resolve_url
+
+    engine = make_engine(resolve_url(context.config.get_main_option("sqlalchemy.url")))
+    with engine.begin() as connection:
+        context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)
+        with context.begin_transaction():
+            context.run_migrations()
+else:
+    context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)
+    with context.begin_transaction():
+        context.run_migrations()
