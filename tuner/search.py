@@ -1,0 +1,234 @@
+"""``nf4-tune search``: one optuna study per (GPU model, problem), every trial stored.
+
+The search space is parametrised so that every sample is a valid config: the (bytes per
+thread, steps in flight) pairs and the (threads, grid) pairs the constraints allow are each one
+categorical parameter, so the space's constraints cost no trials. Studies live in the same
+database as the measurements (optuna's RDB storage), named ``nf4-tune/<gpu>/<problem>``, so
+running the same command again resumes them, and several workers (one per GPU) can share one.
+
+A trial is measured by a :class:`Measurer`. The real one runs every candidate in a worker
+process that is restarted when it dies or hangs, so an illegal memory access (which poisons
+the CUDA context) or a hung kernel becomes an invalid trial and the search goes on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Protocol
+
+from .gate import Problem
+from .space import KNOBS, MAX_INFLIGHT_BYTES, MAX_RESIDENT_THREADS, KernelConfig, PRESETS, preset
+
+__all__ = ["SEARCH_SPACE", "config_from_params", "params_from_config", "study_name", "TrialOutcome",
+           "Measurer", "SearchSummary", "run_search", "make_sampler", "SAMPLERS", "grid_size", "nearest_best"]
+
+SAMPLERS = ("tpe", "gp", "random", "grid")
+
+
+def _vector_choices() -> list[str]:
+    return [f"{b}x{u}" for b in KNOBS["bytes_per_thread"] for u in KNOBS["unroll"] if b * u <= MAX_INFLIGHT_BYTES]
+
+
+def _launch_choices() -> list[str]:
+    out = []
+    for t in KNOBS["threads"]:
+        out.append(f"t{t}/oneshot")
+        for c in KNOBS["ctas_per_sm"]:
+            if c is not None and t * c <= MAX_RESIDENT_THREADS:
+                out.append(f"t{t}/persistent{c}")
+    return out
+
+
+#: optuna parameters -> choices; their product is exactly the valid space of one dtype/quant
+SEARCH_SPACE = {
+    "vector": _vector_choices(),
+    "launch": _launch_choices(),
+    "lut": list(KNOBS["lut"]),
+    "index": list(KNOBS["index"]),
+    "store": list(KNOBS["store"]),
+}
+
+
+def config_from_params(params: dict, dtype: str, quant: str) -> KernelConfig:
+    b, u = (int(x) for x in params["vector"].split("x"))
+    threads, grid = params["launch"].split("/")
+    cps = None
+    if grid.startswith("persistent"):
+        cps = int(grid[len("persistent"):])
+        grid = "persistent"
+    return KernelConfig(bytes_per_thread=b, unroll=u, threads=int(threads[1:]), grid=grid, ctas_per_sm=cps,
+                        lut=params["lut"], index=params["index"], store=params["store"], dtype=dtype, quant=quant)
+
+
+def params_from_config(c: KernelConfig) -> dict:
+    grid = "oneshot" if c.grid == "oneshot" else f"persistent{c.ctas_per_sm}"
+    return dict(vector=f"{c.bytes_per_thread}x{c.unroll}", launch=f"t{c.threads}/{grid}", lut=c.lut,
+                index=c.index, store=c.store)
+
+
+def study_name(gpu_name: str, problem: Problem) -> str:
+    return f"nf4-tune/{gpu_name}/{problem.label().replace(' ', '/')}"
+
+
+@dataclass
+class TrialOutcome:
+    """What measuring one config gave: a time, or why it is invalid. ``results`` holds the
+    BenchResult dicts to store (the candidate and the references it was timed with)."""
+
+    status: str                       # "ok" or "invalid"
+    median_us: Optional[float] = None
+    reason: str = ""
+    results: list = field(default_factory=list)
+    gpu_state: dict = field(default_factory=dict)
+    bnb_median_us: Optional[float] = None
+    copy_gbps: Optional[float] = None
+
+
+class Measurer(Protocol):
+    def measure(self, problem: Problem, config: KernelConfig) -> TrialOutcome: ...
+
+
+def make_sampler(name: str, seed: Optional[int]):
+    import optuna
+
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True, group=False)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        return optuna.samplers.GridSampler(SEARCH_SPACE, seed=seed)
+    raise ValueError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")
+
+
+def grid_size() -> int:
+    return math.prod(len(v) for v in SEARCH_SPACE.values())
+
+
+@dataclass
+class SearchSummary:
+    problem: Problem
+    study: str
+    trials: int                       # finished trials in the study
+    new_trials: int                   # finished by this call
+    measured: int                     # of those, measured on the GPU (the rest came from the database)
+    best_config: Optional[KernelConfig]
+    best_us: Optional[float]
+    best_result: Optional[dict]
+    blog_us: Optional[float]
+    seconds: float
+
+
+def _storage(url: str):
+    import optuna
+
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+
+
+def _finished(study) -> list:
+    from optuna.trial import TrialState
+
+    return [t for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.FAIL)]
+
+
+def run_search(problem: Problem, *, repo, storage_url: str, gpu_name: str, run, measurer: Measurer,
+               n_trials: int = 30, sampler: str = "tpe", seed: Optional[int] = None,
+               timeout: Optional[float] = None, remeasure: bool = False,
+               progress: Optional[Callable[[int, int, Optional[float], Optional[float]], None]] = None,
+               template_hash: Optional[str] = None) -> SearchSummary:
+    """Run (or resume) the study of ``problem`` until it holds ``n_trials`` finished trials
+    (or ``timeout`` seconds pass). Every trial's measurement is stored through ``repo``."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from kernel_templates import template_hash as _th
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    th = template_hash or _th()
+    name = study_name(gpu_name, problem)
+    study = optuna.create_study(study_name=name, storage=_storage(storage_url), direction="minimize",
+                                sampler=make_sampler(sampler, seed), load_if_exists=True)
+    pdict = dict(shape=tuple(problem.shape), dtype=problem.dtype, quant=problem.quant, blocksize=problem.blocksize)
+    if not study.get_trials(deepcopy=False):
+        # start from known good points: the presets and the best of the nearest tuned problem
+        starts = [preset(n, problem.dtype, problem.quant) for n in PRESETS]
+        near = nearest_best(repo, gpu_name, problem)
+        if near is not None:
+            starts.insert(0, near)
+        for c in dict.fromkeys(starts):
+            study.enqueue_trial(params_from_config(c), skip_if_exists=True)
+    limit = min(n_trials, grid_size()) if sampler == "grid" else n_trials
+    t0 = time.perf_counter()
+    new = measured = 0
+    best_us = None
+    while True:
+        done = len(_finished(study))
+        if done >= limit or (timeout is not None and time.perf_counter() - t0 > timeout):
+            break
+        trial = study.ask({k: optuna.distributions.CategoricalDistribution(v) for k, v in SEARCH_SPACE.items()})
+        config = config_from_params(trial.params, problem.dtype, problem.quant)
+        trial.set_user_attr("config", config.to_json())
+        stored = None if remeasure else repo.measurement_of(gpu_name, pdict, config.to_dict(), th)
+        if stored is not None:
+            outcome = TrialOutcome(stored.status, stored.median_us, stored.reason)
+            trial.set_user_attr("from_database", True)
+        else:
+            try:
+                outcome = measurer.measure(problem, config)
+            except KeyboardInterrupt:
+                study.tell(trial, state=TrialState.FAIL)
+                raise
+            measured += 1
+            row = repo.config(config.to_dict(), th)
+            for r in outcome.results:
+                repo.add_measurement(run, pdict, r, row if r.get("config") else None, gpu_state=outcome.gpu_state,
+                                     bnb_median_us=outcome.bnb_median_us)
+        trial.set_user_attr("status", outcome.status)
+        if outcome.status == "ok" and outcome.median_us is not None:
+            study.tell(trial, outcome.median_us)
+        else:
+            trial.set_user_attr("reason", (outcome.reason or "")[:2000])
+            study.tell(trial, state=TrialState.FAIL)
+        new += 1
+        try:
+            best_us = study.best_value
+        except ValueError:
+            best_us = None
+        if progress:
+            progress(len(_finished(study)), limit, best_us, outcome.bnb_median_us)
+    best = repo.best(gpu_name, pdict)
+    best_config = KernelConfig.from_dict(best[0]) if best else None
+    blog = repo.measurement_of(gpu_name, pdict, preset("blog", problem.dtype, problem.quant).to_dict(), th)
+    return SearchSummary(problem=problem, study=name, trials=len(_finished(study)), new_trials=new, measured=measured,
+                         best_config=best_config, best_us=best[1].median_us if best else None,
+                         best_result=dict(median_us=best[1].median_us, gbps=best[1].gbps, pct_copy=best[1].pct_copy,
+                                          speedup=best[1].speedup) if best else None,
+                         blog_us=blog.median_us if blog is not None and blog.status == "ok" else None,
+                         seconds=time.perf_counter() - t0)
+
+
+def _distance(a: dict, b: Problem) -> float:
+    na, nb = math.prod(a["shape"]), b.numel
+    d = abs(math.log(na / nb))
+    d += 0.0 if a["dtype"] == b.dtype else 10.0
+    d += 0.0 if a["quant"] == b.quant else 5.0
+    d += 0.0 if a["blocksize"] == b.blocksize else 1.0
+    return d
+
+
+def nearest_best(repo, gpu_name: str, problem: Problem) -> Optional[KernelConfig]:
+    """The best stored config of the nearest other problem on this GPU model, converted to this
+    problem's dtype and quant type."""
+    others = [p for g, p in repo.problems(gpu_name) if g == gpu_name and p != dict(
+        shape=tuple(problem.shape), dtype=problem.dtype, quant=problem.quant, blocksize=problem.blocksize)]
+    if not others:
+        return None
+    near = min(others, key=lambda p: _distance(p, problem))
+    best = repo.best(gpu_name, near)
+    if best is None:
+        return None
+    return KernelConfig.from_dict(dict(best[0], dtype=problem.dtype, quant=problem.quant))
