@@ -13,6 +13,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 DEFAULT_URL = "sqlite:///nf4tune.db"
+#: our own Alembic version table: optuna's storage, which shares the database, uses alembic_version
+VERSION_TABLE = "nf4tune_schema_version"
 _MIGRATIONS = Path(__file__).with_name("migrations")
 
 
@@ -49,7 +51,7 @@ def current_revision(engine: Engine) -> Optional[str]:
     from alembic.runtime.migration import MigrationContext
 
     with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+        return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
 
 
 class Database:

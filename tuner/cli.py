@@ -150,6 +150,100 @@ def cmd_bench(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------- search
+def _search_progress(label: str):
+    t0 = [None]
+
+    def show(done, total, best_us, bnb_us):
+        import time as _t
+
+        if t0[0] is None:
+            t0[0] = _t.perf_counter()
+        bar = "#" * int(20 * done / max(total, 1))
+        best = f"best {best_us:.2f} us" if best_us else "best -"
+        x = f" ({bnb_us / best_us:.2f}x bnb)" if best_us and bnb_us else ""
+        end = "\n" if done >= total else "\r"
+        print(f"{label} [{bar:<20}] {done}/{total} {best}{x} {_t.perf_counter() - t0[0]:.0f}s", end=end,
+              file=sys.stderr, flush=True)
+
+    return show
+
+
+def cmd_search(args) -> int:
+    from .gate import Problem
+    from .gpu import require_gpu
+    from . import record
+    from .search import run_search
+    from .worker import WorkerMeasurer
+    from db import resolve_url
+
+    dtypes = args.dtype or ["bf16"]
+    problems = [Problem(Problem.parse_shape(s), d, args.quant, args.blocksize) for s in args.shape for d in dtypes]
+    if args.trials < 1:
+        raise UserError("--trials must be at least 1")
+    gpu = require_gpu()
+    url = resolve_url(args.db)
+    repo = record.open_repository(url)
+    run = repo.start_run("search", record.gpu_row(repo, gpu),
+                         repo.environment(**record.environment_versions(gpu.driver_version)), command=" ".join(sys.argv))
+    summaries = []
+    with WorkerMeasurer(options=dict(time_cap_s=args.time_cap)) as measurer:
+        for prob in problems:
+            summaries.append(run_search(prob, repo=repo, storage_url=url, gpu_name=gpu.name, run=run,
+                                        measurer=measurer, n_trials=args.trials, sampler=args.sampler,
+                                        seed=args.seed, timeout=args.timeout, remeasure=args.remeasure,
+                                        progress=None if args.quiet else _search_progress(prob.label())))
+    repo.finish_run(run)
+    print(f"{'problem':<30} {'trials':>6} {'us':>9} {'GB/s':>7} {'%copy':>6} {'x bnb':>6} {'x blog':>6}  best config")
+    for s_ in summaries:
+        r = s_.best_result or {}
+        xb = f"{s_.blog_us / s_.best_us:.2f}" if s_.blog_us and s_.best_us else "-"
+        fmt = lambda v, f: (f % v) if v is not None else "-"
+        print(f"{s_.problem.label():<30} {s_.trials:>6} {fmt(s_.best_us, '%.2f'):>9} {fmt(r.get('gbps'), '%.0f'):>7} "
+              f"{fmt(r.get('pct_copy'), '%.1f'):>6} {fmt(r.get('speedup'), '%.2f'):>6} {xb:>6}  "
+              f"{s_.best_config.short() if s_.best_config else '-'}")
+    print(f"stored in {url} (run {run.id}); studies: " + ", ".join(s_.study for s_ in summaries), file=sys.stderr)
+    return 0
+
+
+def cmd_best(args) -> int:
+    from .gate import Problem
+    from . import record
+
+    repo = record.open_repository(args.db)
+    prob = Problem(Problem.parse_shape(args.shape), args.dtype, args.quant, args.blocksize)
+    best = repo.best(args.gpu, dict(shape=prob.shape, dtype=prob.dtype, quant=prob.quant, blocksize=prob.blocksize))
+    if best is None:
+        raise UserError(f"no valid measurement stored for {prob.label()}" + (f" on {args.gpu}" if args.gpu else ""))
+    knobs, m, gname = best
+    print(json.dumps(dict(gpu=gname, problem=prob.label(), config=knobs, median_us=m.median_us, gbps=m.gbps,
+                          pct_copy=m.pct_copy, speedup_vs_bnb=m.speedup), indent=2))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from . import record
+
+    repo = record.open_repository(args.db)
+    entries = []
+    for gname, prob in repo.problems():
+        knobs, m, _ = repo.best(gname, prob)
+        entries.append(dict(gpu=gname, shape=list(prob["shape"]), dtype=prob["dtype"], quant=prob["quant"],
+                            blocksize=prob["blocksize"], config=knobs, median_us=m.median_us,
+                            speedup_vs_bnb=m.speedup, pct_copy=m.pct_copy))
+    if not entries:
+        raise UserError(f"no valid measurement stored in {repo.db.url}: nothing to export")
+    import os as _os, tempfile as _tf
+
+    out_dir = _os.path.dirname(_os.path.abspath(args.output))
+    fd, tmp = _tf.mkstemp(dir=out_dir, suffix=".tmp")
+    with _os.fdopen(fd, "w") as f:
+        json.dump(dict(format=1, entries=entries), f, indent=2)
+    _os.replace(tmp, args.output)
+    print(f"wrote {len(entries)} tuned problem(s) to {args.output}")
+    return 0
+
+
 # ------------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -208,6 +302,39 @@ def build_parser() -> argparse.ArgumentParser:
                     help="store the run here (default: $NF4TUNE_DB or ./nf4tune.db; a path means SQLite)")
     bp.add_argument("--no-db", action="store_true", help="do not store the run")
     bp.set_defaults(func=cmd_bench)
+
+    se = sub.add_parser("search", help="optuna search per GPU x problem, every trial stored",
+                        description="Search the space for each --shape x --dtype on the visible GPU: one optuna "
+                                    "study per (GPU model, problem) in the database, resumed when the same "
+                                    "command runs again. Every candidate passes the bit-exact gate first; "
+                                    "compile errors, mismatches, crashes and hangs become invalid trials.")
+    se.add_argument("--shape", action="append", required=True, metavar="RxC")
+    se.add_argument("--dtype", action="append", choices=_space.DTYPES, help="repeatable (default bf16)")
+    se.add_argument("--quant", default="nf4", choices=_space.QUANTS)
+    se.add_argument("--blocksize", type=int, default=64, choices=(32, 64, 128, 256, 512, 1024, 2048, 4096))
+    se.add_argument("--trials", type=int, default=30, help="finished trials each study should hold (default 30)")
+    se.add_argument("--sampler", default="tpe", choices=("tpe", "gp", "random", "grid"))
+    se.add_argument("--timeout", type=float, default=None, help="seconds per problem at most")
+    se.add_argument("--seed", type=int, default=None, help="sampler seed")
+    se.add_argument("--remeasure", action="store_true", help="measure configs already stored for this GPU/problem")
+    se.add_argument("--time-cap", type=float, default=1.0, help="seconds of timing per trial at most")
+    se.add_argument("--db", default=None, metavar="URL", help="database (default: $NF4TUNE_DB or ./nf4tune.db)")
+    se.add_argument("--quiet", action="store_true")
+    se.set_defaults(func=cmd_search)
+
+    be = sub.add_parser("best", help="print the best stored config of a problem as JSON")
+    be.add_argument("--shape", required=True, metavar="RxC")
+    be.add_argument("--gpu", default=None, help="GPU model name (default: any)")
+    be.add_argument("--dtype", default="bf16", choices=_space.DTYPES)
+    be.add_argument("--quant", default="nf4", choices=_space.QUANTS)
+    be.add_argument("--blocksize", type=int, default=64)
+    be.add_argument("--db", default=None, metavar="URL")
+    be.set_defaults(func=cmd_best)
+
+    ex = sub.add_parser("export", help="write the best config per (GPU model, problem) for the runtime")
+    ex.add_argument("-o", "--output", required=True)
+    ex.add_argument("--db", default=None, metavar="URL")
+    ex.set_defaults(func=cmd_export)
     return p
 
 

@@ -122,11 +122,20 @@ class SearchSummary:
     seconds: float
 
 
-def _storage(url: str):
+def _storage(url: str, attempts: int = 8):
+    """optuna's RDB storage on ``url``. Workers that start together on a fresh database race to
+    create optuna's tables; the loser retries and finds them made."""
     import optuna
+    from sqlalchemy.exc import SQLAlchemyError
 
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    for i in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        except (SQLAlchemyError, RuntimeError):
+            if i == attempts - 1:
+                raise
+            time.sleep(0.2 * (i + 1))
 
 
 def _finished(study) -> list:

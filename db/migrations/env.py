@@ -3,6 +3,7 @@
 from alembic import context
 
 from db._models import Base
+from db._engine import VERSION_TABLE
 
 connection = context.config.attributes.get("connection")
 if connection is None:  # `alembic` CLI use: build an engine from the URL option
@@ -10,10 +11,12 @@ if connection is None:  # `alembic` CLI use: build an engine from the URL option
 
     engine = make_engine(resolve_url(context.config.get_main_option("sqlalchemy.url")))
     with engine.begin() as connection:
-        context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)
+        context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True,
+                      version_table=VERSION_TABLE)
         with context.begin_transaction():
             context.run_migrations()
 else:
-    context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)
+    context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True,
+                      version_table=VERSION_TABLE)
     with context.begin_transaction():
         context.run_migrations()

@@ -1,0 +1,174 @@
+"""Search logic on the CPU with a test double for the measurement, against SQLite (and
+PostgreSQL when NF4TUNE_TEST_POSTGRES_URL names a server, as .ci/run provides)."""
+
+import multiprocessing as mp
+import os
+import uuid
+
+import pytest
+
+from db import Repository, connect
+from tuner import space as S
+from tuner.gate import Problem
+from tuner.search import (SEARCH_SPACE, config_from_params, grid_size, params_from_config, run_search,
+                          study_name)
+from tuner.worker import WorkerMeasurer
+
+from fakes import FakeMeasurer
+
+GPU = "Fake GPU"
+PG = os.environ.get("NF4TUNE_TEST_POSTGRES_URL")
+
+
+def _url(kind, tmp_path):
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'search.db'}"
+    if not PG:
+        pytest.skip("no PostgreSQL server (set NF4TUNE_TEST_POSTGRES_URL; .ci/run starts one)")
+    # a fresh database per test on the server
+    import sqlalchemy as sa
+
+    name = "t_" + uuid.uuid4().hex[:10]
+    eng = sa.create_engine(PG, isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(sa.text(f"CREATE DATABASE {name}"))
+    eng.dispose()
+    return PG.rsplit("/", 1)[0] + "/" + name
+
+
+BACKENDS = ["sqlite", "postgresql"]
+
+
+def _setup(url):
+    repo = Repository(connect(url))
+    gpu = repo.gpu(GPU, "9.0", 132, 10**11, 60 << 20)
+    env = repo.environment(project_version="t", git_commit="t", nvrtc="t", driver="t", cuda_python="t", bnb="t",
+                           torch="t")
+    return repo, repo.start_run("search", gpu, env)
+
+
+def test_parametrisation_is_exactly_the_valid_space():
+    assert grid_size() == S.space_size(["bf16"], ["nf4"])
+    import itertools
+
+    configs = {config_from_params(dict(zip(SEARCH_SPACE, combo)), "bf16", "nf4")
+               for combo in itertools.product(*SEARCH_SPACE.values())}
+    assert configs == set(S.iter_space(["bf16"], ["nf4"]))
+    c = S.preset("bnb-like", "fp16", "fp4")
+    assert config_from_params(params_from_config(c), "fp16", "fp4") == c
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_search_stores_every_trial_starts_from_presets_and_resumes(backend, tmp_path):
+    url = _url(backend, tmp_path)
+    repo, run = _setup(url)
+    prob = Problem((4096, 4096))
+    bad = S.preset("bnb-like")
+    m = FakeMeasurer(invalid=[bad])
+    s1 = run_search(prob, repo=repo, storage_url=url, gpu_name=GPU, run=run, measurer=m, n_trials=12, seed=1)
+    assert s1.trials == 12 and s1.new_trials == 12
+    assert m.calls[0] == S.preset("blog") or m.calls[1] == S.preset("blog")
+    assert bad in m.calls[:2]                       # the presets go first
+    stored = repo.measurements(run.id)
+    assert {r.status for r in stored} >= {"ok", "invalid", "reference"}
+    assert any(r.reason == "planted mismatch" for r in stored)
+    # resume: the same study continues to 20 trials, nothing measured twice
+    s2 = run_search(prob, repo=repo, storage_url=url, gpu_name=GPU, run=run, measurer=m, n_trials=20, seed=1)
+    assert s2.trials == 20 and s2.new_trials == 8
+    assert s2.best_us <= s1.best_us
+    assert len(m.calls) == len(set(m.calls)) == s1.measured + s2.measured
+    import optuna
+
+    study = optuna.load_study(study_name=study_name(GPU, prob), storage=url)
+    assert len(study.trials) == 20
+    failed = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert failed and failed[0].user_attrs["reason"] == "planted mismatch"
+
+
+def test_known_configs_are_not_measured_again_unless_remeasure(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    repo, run = _setup(url)
+    m = FakeMeasurer()
+    run_search(Problem((512, 512)), repo=repo, storage_url=url, gpu_name=GPU, run=run, measurer=m, n_trials=5,
+               sampler="random", seed=3)
+    first = list(m.calls)
+    # a second study on the same problem (another name would be a new study): drop and re-run
+    import optuna
+
+    optuna.delete_study(study_name=study_name(GPU, Problem((512, 512))), storage=url)
+    m2 = FakeMeasurer()
+    s = run_search(Problem((512, 512)), repo=repo, storage_url=url, gpu_name=GPU, run=run, measurer=m2,
+                   n_trials=5, sampler="random", seed=3)
+    assert m2.calls == [] and s.measured == 0        # same seed, same configs: all from the database
+    optuna.delete_study(study_name=study_name(GPU, Problem((512, 512))), storage=url)
+    m3 = FakeMeasurer()
+    run_search(Problem((512, 512)), repo=repo, storage_url=url, gpu_name=GPU, run=run, measurer=m3, n_trials=5,
+               sampler="random", seed=3, remeasure=True)
+    assert m3.calls == first
+
+
+def test_nearest_tuned_problem_seeds_a_new_study(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    repo, run = _setup(url)
+    m = FakeMeasurer()
+    s = run_search(Problem((8192, 8192)), repo=repo, storage_url=url, gpu_name=GPU, run=run, measurer=m,
+                   n_trials=15, seed=0)
+    m2 = FakeMeasurer()
+    run_search(Problem((8192, 4096)), repo=repo, storage_url=url, gpu_name=GPU, run=run, measurer=m2, n_trials=3,
+               seed=0)
+    assert m2.calls[0] == s.best_config
+
+
+def test_grid_sampler_walks_the_space_without_invalid_points(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    repo, run = _setup(url)
+    m = FakeMeasurer()
+    s = run_search(Problem((256, 256)), repo=repo, storage_url=url, gpu_name=GPU, run=run, measurer=m,
+                   n_trials=40, sampler="grid", seed=0)
+    assert s.trials == 40 and len(set(m.calls)) == len(m.calls)
+
+
+def _worker(url, n, seed):
+    repo = Repository(connect(url))
+    run = repo.runs()[0]
+    run_search(Problem((1024, 1024)), repo=repo, storage_url=url, gpu_name=GPU, run=run,
+               measurer=FakeMeasurer(delay_s=0.02), n_trials=n, seed=seed)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_workers_share_one_study(backend, tmp_path):
+    url = _url(backend, tmp_path)
+    repo, run = _setup(url)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(url, 24, seed)) for seed in (1, 2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    import optuna
+
+    study = optuna.load_study(study_name=study_name(GPU, Problem((1024, 1024))), storage=url)
+    numbers = [t.number for t in study.trials]
+    finished = [t for t in study.trials if t.state.is_finished()]
+    assert len(numbers) == len(set(numbers))                  # no trial repeated
+    assert 24 <= len(finished) <= 25                          # none lost (one may overshoot by a worker)
+    assert all(t.state.is_finished() for t in study.trials)   # none left running
+
+
+@pytest.mark.parametrize("target, reason", [
+    ("fakes:worker_crash", "worker died"),
+    ("fakes:worker_hang", "hang"),
+    ("fakes:worker_raise", "illegal memory access"),
+])
+def test_worker_faults_become_invalid_trials_and_the_worker_restarts(target, reason, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    w = WorkerMeasurer(target=target, task_timeout_s=5)
+    try:
+        out = w.measure(Problem((64, 64)), S.preset("blog"))
+        assert out.status == "invalid" and reason in out.reason
+        w.target = "fakes:worker_ok"
+        ok = w.measure(Problem((64, 64)), S.preset("blog"))
+        assert ok.status == "ok" and w.restarts >= 1
+    finally:
+        w.close()
