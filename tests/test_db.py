@@ -1,0 +1,101 @@
+"""db/: the schema, its migrations and the repository, on SQLite and PostgreSQL."""
+
+import os
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+from db import Repository, connect, resolve_url
+from db._engine import DatabaseError, current_revision, make_engine, upgrade
+
+PG = os.environ.get("NF4TUNE_TEST_POSTGRES_URL")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'x.db'}"
+    if not PG:
+        pytest.skip("no PostgreSQL server (set NF4TUNE_TEST_POSTGRES_URL; .ci/run starts one)")
+    name = "d_" + uuid.uuid4().hex[:10]
+    eng = sa.create_engine(PG, isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(sa.text(f"CREATE DATABASE {name}"))
+    eng.dispose()
+    return PG.rsplit("/", 1)[0] + "/" + name
+
+
+PROBLEM = dict(shape=(4096, 4096), dtype="bf16", quant="nf4", blocksize=64)
+
+
+def _fill(repo):
+    gpu = repo.gpu("NVIDIA H200", "9.0", 132, 150_000_000_000, 60 << 20, 4200.0)
+    env = repo.environment(project_version="0.1", git_commit="abc", nvrtc="13.0", driver="13.0",
+                           cuda_python="1.2", bnb="0.50.2", torch="2.11")
+    run = repo.start_run("bench", gpu, env, "nf4-tune bench")
+    fast = repo.config({"lut": "shared", "threads": 128}, "h1")
+    slow = repo.config({"lut": "global", "threads": 64}, "h1")
+    repo.add_measurement(run, PROBLEM, dict(label="fast", status="ok", median_us=13.5, samples_us=[13.4, 13.6]), fast)
+    repo.add_measurement(run, PROBLEM, dict(label="slow", status="ok", median_us=21.0, samples_us=[21.0]), slow)
+    repo.add_measurement(run, PROBLEM, dict(label="bnb dequantize_4bit", status="reference", median_us=29.0,
+                                            samples_us=[29.0]))
+    repo.finish_run(run)
+    return gpu, run
+
+
+def test_repository_round_trip(url):
+    repo = Repository(connect(url))
+    gpu, run = _fill(repo)
+    knobs, m, gname = repo.best(None, PROBLEM)
+    assert knobs == {"lut": "shared", "threads": 128} and m.median_us == 13.5 and gname == "NVIDIA H200"
+    assert m.samples_us == [13.4, 13.6]
+    assert repo.problems() == [("NVIDIA H200", PROBLEM)]
+    assert repo.measurement_of("NVIDIA H200", PROBLEM, {"threads": 64, "lut": "global"}, "h1").median_us == 21.0
+    assert repo.measurement_of("Other GPU", PROBLEM, {"threads": 64, "lut": "global"}, "h1") is None
+    assert repo.runs("bench")[0].ended_at is not None
+    # get-or-create does not duplicate
+    assert repo.gpu("NVIDIA H200", "9.0", 132, 150_000_000_000, 60 << 20).id == gpu.id
+    assert len(repo.measurements(run.id)) == 3
+    with pytest.raises(ValueError):
+        repo.start_run("nightly", gpu, repo.environment(project_version="0.1", git_commit="abc", nvrtc="13.0",
+                                                        driver="13.0", cuda_python="1.2", bnb="0.50.2", torch="2.11"))
+
+
+def test_an_older_schema_is_upgraded_in_place(url):
+    engine = make_engine(resolve_url(url))
+    upgrade(engine, "0001")
+    assert current_revision(engine) == "0001"
+    with engine.begin() as c:
+        c.execute(sa.text("INSERT INTO gpus (name, compute_capability, sm_count, memory_bytes, l2_bytes) "
+                          "VALUES ('Old GPU', '8.0', 108, 1, 1)"))
+    engine.dispose()
+    db = connect(url)                      # upgrades to head, keeps the row
+    assert current_revision(db.engine) == "0002"
+    with db.engine.connect() as c:
+        assert c.execute(sa.text("SELECT name FROM gpus")).scalar_one() == "Old GPU"
+        cols = {col["name"] for col in sa.inspect(c).get_columns("measurements")}
+    assert "registers" in cols
+
+
+def test_default_url_and_env_override(monkeypatch, tmp_path):
+    monkeypatch.delenv("NF4TUNE_DB", raising=False)
+    assert resolve_url() == "sqlite:///nf4tune.db"
+    monkeypatch.setenv("NF4TUNE_DB", str(tmp_path / "e.db"))
+    assert resolve_url() == f"sqlite:///{tmp_path / 'e.db'}"
+    assert resolve_url("postgresql://h/db") == "postgresql://h/db"
+
+
+def test_sqlite_runs_in_wal_mode(tmp_path):
+    db = connect(str(tmp_path / "w.db"))
+    with db.engine.connect() as c:
+        assert c.execute(sa.text("PRAGMA journal_mode")).scalar_one().lower() == "wal"
+
+
+def test_unreadable_database_is_a_clear_error(tmp_path):
+    with pytest.raises(DatabaseError, match="does not exist"):
+        connect(str(tmp_path / "missing" / "x.db"))
+    bad = tmp_path / "garbage.db"
+    bad.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(DatabaseError, match="cannot open"):
+        connect(str(bad))
