@@ -196,12 +196,17 @@ def run_search(problem: Problem, *, repo, storage_url: str, gpu_name: str, run, 
             for r in outcome.results:
                 repo.add_measurement(run, pdict, r, row if r.get("config") else None, gpu_state=outcome.gpu_state,
                                      bnb_median_us=outcome.bnb_median_us)
-        trial.set_user_attr("status", outcome.status)
-        if outcome.status == "ok" and outcome.median_us is not None:
-            study.tell(trial, outcome.median_us)
-        else:
-            trial.set_user_attr("reason", (outcome.reason or "")[:2000])
-            study.tell(trial, state=TrialState.FAIL)
+        try:
+            trial.set_user_attr("status", outcome.status)
+            if outcome.status == "ok" and outcome.median_us is not None:
+                study.tell(trial, outcome.median_us)
+            else:
+                trial.set_user_attr("reason", (outcome.reason or "")[:2000])
+                study.tell(trial, state=TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # two workers popped the same enqueued trial (a storage race): the other one told it;
+            # this measurement is stored all the same
+            continue
         new += 1
         try:
             best_us = study.best_value
