@@ -27,3 +27,29 @@ def seed(request):
 def compile_cache(tmp_path_factory):
     """One NVRTC cache shared by every test of the run."""
     return tmp_path_factory.mktemp("cubin-cache")
+
+
+def fresh_database_url(kind: str, tmp_path) -> str:
+    """A new, empty database: a SQLite file, or a fresh database on the PostgreSQL server that
+    NF4TUNE_TEST_POSTGRES_URL names (.ci/run starts one; skipped without it)."""
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'nf4tune-test.db'}"
+    pg = os.environ.get("NF4TUNE_TEST_POSTGRES_URL")
+    if not pg:
+        pytest.skip("no PostgreSQL server (set NF4TUNE_TEST_POSTGRES_URL; .ci/run starts one)")
+    import uuid
+
+    import sqlalchemy as sa
+
+    name = "t_" + uuid.uuid4().hex[:12]
+    eng = sa.create_engine(pg, isolation_level="AUTOCOMMIT")
+    with eng.connect() as c:
+        c.execute(sa.text(f"CREATE DATABASE {name}"))
+    eng.dispose()
+    return pg.rsplit("/", 1)[0] + "/" + name
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    """Each storage backend in turn (optuna-style parametrisation)."""
+    return fresh_database_url(request.param, tmp_path)

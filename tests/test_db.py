@@ -1,30 +1,10 @@
 """db/: the schema, its migrations and the repository, on SQLite and PostgreSQL."""
 
-import os
-import uuid
-
 import pytest
 import sqlalchemy as sa
 
 from db import Repository, connect, resolve_url
 from db._engine import DatabaseError, current_revision, make_engine, upgrade
-
-PG = os.environ.get("NF4TUNE_TEST_POSTGRES_URL")
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'x.db'}"
-    if not PG:
-        pytest.skip("no PostgreSQL server (set NF4TUNE_TEST_POSTGRES_URL; .ci/run starts one)")
-    name = "d_" + uuid.uuid4().hex[:10]
-    eng = sa.create_engine(PG, isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(sa.text(f"CREATE DATABASE {name}"))
-    eng.dispose()
-    return PG.rsplit("/", 1)[0] + "/" + name
-
 
 PROBLEM = dict(shape=(4096, 4096), dtype="bf16", quant="nf4", blocksize=64)
 
@@ -44,7 +24,8 @@ def _fill(repo):
     return gpu, run
 
 
-def test_repository_round_trip(url):
+def test_repository_round_trip(db_url):
+    url = db_url
     repo = Repository(connect(url))
     gpu, run = _fill(repo)
     knobs, m, gname = repo.best(None, PROBLEM)
@@ -62,7 +43,8 @@ def test_repository_round_trip(url):
                                                         driver="13.0", cuda_python="1.2", bnb="0.50.2", torch="2.11"))
 
 
-def test_an_older_schema_is_upgraded_in_place(url):
+def test_an_older_schema_is_upgraded_in_place(db_url):
+    url = db_url
     engine = make_engine(resolve_url(url))
     upgrade(engine, "0001")
     assert current_revision(engine) == "0001"

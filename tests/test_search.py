@@ -3,7 +3,6 @@ PostgreSQL when NF4TUNE_TEST_POSTGRES_URL names a server, as .ci/run provides)."
 
 import multiprocessing as mp
 import os
-import uuid
 
 import pytest
 
@@ -17,26 +16,6 @@ from tuner.worker import WorkerMeasurer
 from fakes import FakeMeasurer
 
 GPU = "Fake GPU"
-PG = os.environ.get("NF4TUNE_TEST_POSTGRES_URL")
-
-
-def _url(kind, tmp_path):
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path / 'search.db'}"
-    if not PG:
-        pytest.skip("no PostgreSQL server (set NF4TUNE_TEST_POSTGRES_URL; .ci/run starts one)")
-    # a fresh database per test on the server
-    import sqlalchemy as sa
-
-    name = "t_" + uuid.uuid4().hex[:10]
-    eng = sa.create_engine(PG, isolation_level="AUTOCOMMIT")
-    with eng.connect() as c:
-        c.execute(sa.text(f"CREATE DATABASE {name}"))
-    eng.dispose()
-    return PG.rsplit("/", 1)[0] + "/" + name
-
-
-BACKENDS = ["sqlite", "postgresql"]
 
 
 def _setup(url):
@@ -58,9 +37,8 @@ def test_parametrisation_is_exactly_the_valid_space():
     assert config_from_params(params_from_config(c), "fp16", "fp4") == c
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_search_stores_every_trial_starts_from_presets_and_resumes(backend, tmp_path):
-    url = _url(backend, tmp_path)
+def test_search_stores_every_trial_starts_from_presets_and_resumes(db_url):
+    url = db_url
     repo, run = _setup(url)
     prob = Problem((4096, 4096))
     bad = S.preset("bnb-like")
@@ -135,9 +113,8 @@ def _worker(url, n, seed):
                measurer=FakeMeasurer(delay_s=0.02), n_trials=n, seed=seed)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_two_workers_share_one_study(backend, tmp_path):
-    url = _url(backend, tmp_path)
+def test_two_workers_share_one_study(db_url):
+    url = db_url
     repo, run = _setup(url)
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_worker, args=(url, 24, seed)) for seed in (1, 2)]
