@@ -1,0 +1,160 @@
+"""Regression maths for the nightly job: judge one night's re-measurement of a tuned kernel
+against its history. Pure functions of numbers, tested on synthetic histories.
+
+The quantity judged is the speedup over bnb (``bnb / tuned``), a ratio that cancels machine
+drift. Per night and problem, :func:`judge` returns one of:
+
+- ``broken``: the stored config no longer passes the bit-exact gate;
+- ``invalid-environment``: clocks or temperature off, so the night is not judged;
+- ``regression-vs-bnb``: the tuned kernel is slower than bnb;
+- ``suspicious``: the speedup fell by more than max(5%, 3x the measured noise) against the
+  rolling baseline of recent good nights, significantly on the raw samples (one-sided
+  Mann-Whitney U), for the first time;
+- ``regression``: the same drop, persisting from the previous night (or an immediate
+  re-measurement);
+- ``ok``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+__all__ = ["Night", "Verdict", "judge", "mann_whitney_greater", "env_changes", "MIN_DROP", "NOISE_FACTOR"]
+
+MIN_DROP = 0.05          # at least a 5% drop of the speedup
+NOISE_FACTOR = 3.0       # and at least 3x the baseline's night-to-night noise
+ALPHA = 0.01             # significance of the drop on the raw samples
+BASELINE_NIGHTS = 10     # rolling window of recent good nights
+MIN_BASELINE = 3
+
+
+@dataclass
+class Night:
+    """One night's measurement of one problem: interleaved raw samples of the tuned kernel
+    and of bnb, the gate's verdict, and the environment."""
+
+    tuned_us: Sequence[float]
+    bnb_us: Sequence[float]
+    gate_ok: bool = True
+    env: dict = field(default_factory=dict)       # versions: driver, nvrtc, bnb, torch, commit ...
+    sm_clock_mhz: Optional[float] = None
+    max_sm_clock_mhz: Optional[float] = None
+    temperature_c: Optional[float] = None
+    verdict: Optional[str] = None                 # filled in by judge() for past nights
+
+    @property
+    def speedup(self) -> float:
+        return statistics.median(self.bnb_us) / statistics.median(self.tuned_us)
+
+    def sample_speedups(self) -> list[float]:
+        """Per-repetition speedups: the samples are interleaved, so repetition i of bnb and of
+        the tuned kernel saw the same machine state."""
+        n = min(len(self.tuned_us), len(self.bnb_us))
+        return [self.bnb_us[i] / self.tuned_us[i] for i in range(n)]
+
+
+@dataclass
+class Verdict:
+    flag: str
+    drop: Optional[float] = None         # relative drop of the speedup against the baseline
+    threshold: Optional[float] = None
+    p_value: Optional[float] = None
+    baseline_speedup: Optional[float] = None
+    speedup: Optional[float] = None
+    changes: dict = field(default_factory=dict)
+    reason: str = ""
+
+
+def mann_whitney_greater(x: Sequence[float], y: Sequence[float]) -> float:
+    """One-sided p-value that values in ``x`` tend to be greater than in ``y`` (Mann-Whitney U,
+    normal approximation with tie correction)."""
+    nx, ny = len(x), len(y)
+    if nx == 0 or ny == 0:
+        return 1.0
+    pooled = sorted([(v, 0) for v in x] + [(v, 1) for v in y])
+    ranks = [0.0] * len(pooled)
+    i = 0
+    tie_term = 0.0
+    while i < len(pooled):
+        j = i
+        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
+            j += 1
+        r = (i + j) / 2 + 1
+        for k in range(i, j + 1):
+            ranks[k] = r
+        t = j - i + 1
+        tie_term += t ** 3 - t
+        i = j + 1
+    rx = sum(r for r, (_, g) in zip(ranks, pooled) if g == 0)
+    u = rx - nx * (nx + 1) / 2
+    n = nx + ny
+    mu = nx * ny / 2
+    var = nx * ny / 12 * ((n + 1) - tie_term / (n * (n - 1))) if n > 1 else 0.0
+    if var <= 0:
+        return 0.5
+    z = (u - mu - 0.5) / math.sqrt(var)   # continuity correction
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def env_changes(before: dict, after: dict) -> dict:
+    """``{key: (before, after)}`` for every environment entry that differs."""
+    keys = sorted(set(before) | set(after))
+    return {k: (before.get(k), after.get(k)) for k in keys if before.get(k) != after.get(k)}
+
+
+def _environment_off(n: Night, max_temp_c: float = 87.0, min_clock_fraction: float = 0.85) -> Optional[str]:
+    if n.temperature_c is not None and n.temperature_c > max_temp_c:
+        return f"GPU at {n.temperature_c:.0f} C (over {max_temp_c:.0f} C)"
+    if n.sm_clock_mhz is not None and n.max_sm_clock_mhz:
+        if n.sm_clock_mhz < min_clock_fraction * n.max_sm_clock_mhz:
+            return f"SM clock {n.sm_clock_mhz:.0f} MHz under {min_clock_fraction:.0%} of {n.max_sm_clock_mhz:.0f} MHz"
+    return None
+
+
+def _drop_verdict(history: Sequence[Night], night: Night) -> Verdict:
+    good = [h for h in history if h.verdict == "ok"][-BASELINE_NIGHTS:]
+    if len(good) < MIN_BASELINE:
+        return Verdict("ok", speedup=night.speedup, reason=f"baseline has {len(good)} good nights, needs {MIN_BASELINE}")
+    speedups = [g.speedup for g in good]
+    base = statistics.median(speedups)
+    noise = statistics.pstdev(speedups) / base if len(speedups) > 1 else 0.0
+    threshold = max(MIN_DROP, NOISE_FACTOR * noise)
+    drop = (base - night.speedup) / base
+    pooled = [s for g in good for s in g.sample_speedups()]
+    p = mann_whitney_greater(pooled, night.sample_speedups())
+    v = Verdict("ok", drop=drop, threshold=threshold, p_value=p, baseline_speedup=base, speedup=night.speedup,
+                changes=env_changes(good[-1].env, night.env))
+    if drop > threshold and p < ALPHA:
+        v.flag = "suspicious"
+    return v
+
+
+def judge(history: Sequence[Night], night: Night, remeasure: Optional[Night] = None) -> Verdict:
+    """The verdict of ``night`` given the judged ``history`` (oldest first). ``remeasure`` is an
+    immediate second measurement of the same night, which can confirm a drop at once."""
+    if not night.gate_ok:
+        return Verdict("broken", speedup=None, reason="the stored config no longer passes the bit-exact gate",
+                       changes=env_changes(history[-1].env, night.env) if history else {})
+    off = _environment_off(night)
+    if off:
+        return Verdict("invalid-environment", reason=off)
+    if statistics.median(night.tuned_us) > statistics.median(night.bnb_us):
+        v = _drop_verdict(history, night)
+        v.flag = "regression-vs-bnb"
+        v.reason = "the tuned kernel is slower than bnb"
+        return v
+    v = _drop_verdict(history, night)
+    if v.flag != "suspicious":
+        return v
+    previous = history[-1].verdict if history else None
+    if previous in ("suspicious", "regression"):
+        v.flag, v.reason = "regression", "the drop persists from the previous night"
+        return v
+    if remeasure is not None and _drop_verdict(history, remeasure).flag == "suspicious":
+        v.flag, v.reason = "regression", "the drop persists in an immediate re-measurement"
+        return v
+    v.reason = "first night of a significant drop"
+    return v
