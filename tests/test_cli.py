@@ -56,3 +56,28 @@ def test_compile_refuses_unknown_arch():
     with pytest.raises(SystemExit) as e:
         cli.main(["compile", "--arch", "sm_75"])
     assert e.value.code == 2
+
+
+def test_best_and_export_read_the_committed_h200_database(tmp_path, capsys):
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent.parent / "examples" / "h200" / "search-bf16-partial.db"
+    db = tmp_path / "h200.db"
+    shutil.copy(src, db)          # connect() may upgrade in place: work on a copy
+    assert cli.main(["best", "--shape", "16384x16384", "--db", str(db)]) == 0
+    best = json.loads(capsys.readouterr().out)
+    assert best["gpu"] == "NVIDIA H200" and best["config"]["lut"] in ("shared", "register")
+    assert 100 < best["median_us"] < 400 and best["speedup_vs_bnb"] > 1
+    out = tmp_path / "configs.json"
+    assert cli.main(["export", "--db", str(db), "-o", str(out)]) == 0
+    entries = json.loads(out.read_text())["entries"]
+    assert {tuple(e["shape"]) for e in entries} >= {(4096, 4096), (8192, 8192), (16384, 16384)}
+    assert cli.main(["best", "--shape", "1234x5678", "--db", str(db)]) == 1
+    assert "no valid measurement" in capsys.readouterr().err
+
+
+def test_export_of_an_empty_database_fails_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "c.json"
+    assert cli.main(["export", "--db", str(tmp_path / "empty.db"), "-o", str(out)]) == 1
+    assert not out.exists()
