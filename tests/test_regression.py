@@ -13,6 +13,13 @@ def _night(rng, tuned=100.0, bnb=180.0, drift=1.0, noise=0.01, reps=25, **kw):
                  temperature_c=45, **kw)
 
 
+def _good_history(rng, nights):
+    hist = [_night(rng) for _ in range(nights)]
+    for n in hist:
+        n.verdict = "ok"
+    return hist
+
+
 def _series(rng, nights, slow_from=None, slow=1.05, noisy_night=None):
     hist = []
     flags = []
@@ -64,11 +71,7 @@ def test_immediate_remeasurement_confirms_at_once():
 
 def test_broken_slower_than_bnb_and_invalid_environment():
     rng = random.Random(2)
-    hist = []
-    for _ in range(5):
-        n = _night(rng)
-        n.verdict = "ok"
-        hist.append(n)
+    hist = _good_history(rng, 5)
     assert judge(hist, _night(rng, gate_ok=False)).flag == "broken"
     assert judge(hist, _night(rng, tuned=200.0)).flag == "regression-vs-bnb"
     hot = _night(rng)
@@ -81,11 +84,7 @@ def test_broken_slower_than_bnb_and_invalid_environment():
 
 def test_changes_between_baseline_and_tonight_are_listed():
     rng = random.Random(3)
-    hist = []
-    for _ in range(5):
-        n = _night(rng)
-        n.verdict = "ok"
-        hist.append(n)
+    hist = _good_history(rng, 5)
     v = judge(hist, _night(rng, tuned=112.0, env={"driver": "590", "bnb": "0.50.2"}))
     assert v.flag == "suspicious" and v.changes == {"driver": ("580", "590")}
 
