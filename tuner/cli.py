@@ -244,6 +244,19 @@ def cmd_export(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------- report
+def cmd_report(args) -> int:
+    from db import resolve_url
+    from reports import build_report, collect
+    from . import record
+
+    url = resolve_url(args.db)
+    repo = record.open_repository(url)
+    index = build_report(collect(repo, url), args.output)
+    print(f"wrote {index} (open it in a browser; plotly.min.js lies beside it, no network needed)")
+    return 0
+
+
 # ------------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -335,6 +348,15 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("-o", "--output", required=True)
     ex.add_argument("--db", default=None, metavar="URL")
     ex.set_defaults(func=cmd_export)
+
+    rp = sub.add_parser("report", help="write a static, offline HTML report of the database",
+                        description="Overview per GPU x problem (best, bnb, x bnb, % of copy, status), history "
+                                    "per problem, each search study (trials, best so far, parallel coordinates), "
+                                    "a knob heatmap and the environment of each run, as index.html with "
+                                    "plotly.min.js beside it.")
+    rp.add_argument("-o", "--output", required=True, metavar="DIR")
+    rp.add_argument("--db", default=None, metavar="URL")
+    rp.set_defaults(func=cmd_report)
     return p
 
 

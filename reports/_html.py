@@ -1,0 +1,143 @@
+"""Draw it: plotly figures and a static page from :class:`reports._data.ReportData`."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from ._data import ReportData
+
+
+def _fig_div(fig, div_id: str) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id)
+
+
+def _history_fig(points: list, title: str):
+    import plotly.graph_objects as go
+
+    runs = [p["run"] for p in points]
+    fig = go.Figure()
+    tuned = [p["tuned_us"] for p in points]
+    iqr = [p.get("iqr") or 0 for p in points]
+    fig.add_trace(go.Scatter(x=runs + runs[::-1], y=[t + i / 2 for t, i in zip(tuned, iqr)] +
+                             [t - i / 2 for t, i in zip(tuned, iqr)][::-1], fill="toself", line=dict(width=0),
+                             name="tuned IQR", opacity=0.3))
+    fig.add_trace(go.Scatter(x=runs, y=tuned, mode="lines+markers", name="tuned kernel"))
+    fig.add_trace(go.Scatter(x=runs, y=[p.get("bnb_us") for p in points], mode="lines+markers", name="bnb"))
+    fig.update_layout(title=title, xaxis_title="run", yaxis_title="us (median)", height=320)
+    return fig
+
+
+def _study_figs(study: dict):
+    import plotly.graph_objects as go
+
+    done = [t for t in study["trials"] if t["value"] is not None]
+    best, best_so_far = float("inf"), []
+    for t in sorted(study["trials"], key=lambda t: t["number"]):
+        if t["value"] is not None:
+            best = min(best, t["value"])
+        best_so_far.append(best if best < float("inf") else None)
+    f1 = go.Figure()
+    f1.add_trace(go.Scatter(x=[t["number"] for t in done], y=[t["value"] for t in done], mode="markers", name="trial"))
+    f1.add_trace(go.Scatter(x=sorted(t["number"] for t in study["trials"]), y=best_so_far, mode="lines",
+                            name="best so far"))
+    f1.update_layout(title=f"{study['name']}: trials", xaxis_title="trial", yaxis_title="us", height=300)
+    params = sorted({k for t in done for k in t["params"]})
+    dims = []
+    for p in params:
+        values = sorted({str(t["params"].get(p)) for t in done})
+        dims.append(dict(label=p, values=[values.index(str(t["params"].get(p))) for t in done],
+                         tickvals=list(range(len(values))), ticktext=values))
+    f2 = go.Figure(go.Parcoords(line=dict(color=[t["value"] for t in done], colorscale="Viridis_r", showscale=True),
+                                dimensions=dims)) if dims else None
+    if f2 is not None:
+        f2.update_layout(title="parallel coordinates (colour: us)", height=320)
+    return f1, f2
+
+
+def _knob_heatmap(knob_speed: list):
+    import plotly.graph_objects as go
+
+    cells: dict = {}
+    for problem, knob, value, us in knob_speed:
+        cells.setdefault((knob, value), {}).setdefault(problem, []).append(us)
+    problems = sorted({k[0] for k in knob_speed})
+    rows = sorted(cells)
+    z = []
+    for r in rows:
+        row = []
+        for p in problems:
+            us = cells[r].get(p)
+            row.append(min(us) if us else None)
+        z.append(row)
+    # normalise per problem: best us of the knob value / best us of the problem
+    for j, p in enumerate(problems):
+        best = min((z[i][j] for i in range(len(rows)) if z[i][j] is not None), default=None)
+        for i in range(len(rows)):
+            if z[i][j] is not None and best:
+                z[i][j] = z[i][j] / best
+    fig = go.Figure(go.Heatmap(z=z, x=problems, y=[f"{k}={v}" for k, v in rows], colorscale="RdYlGn_r",
+                               colorbar=dict(title="best us / problem best")))
+    fig.update_layout(title="knob values: best time relative to the problem's best", height=max(300, 18 * len(rows)))
+    return fig
+
+
+_STYLE = """
+body{font-family:system-ui,sans-serif;margin:2em;color:#222} table{border-collapse:collapse;margin:1em 0}
+td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px} th{background:#f3f3f3}
+.flag-ok{background:#d9f2d9} .flag-bad{background:#f8d0d0;font-weight:bold} h2{margin-top:2em}
+"""
+
+
+def build_report(data: ReportData, out_dir) -> Path:
+    """Write the static site into ``out_dir`` (created; an existing index.html is replaced
+    atomically). Returns the path of index.html."""
+    from plotly.offline import get_plotlyjs
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plotly.min.js").write_text(get_plotlyjs(), encoding="utf-8")
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>nf4-tune report</title>"
+             f"<style>{_STYLE}</style><script src='plotly.min.js'></script></head><body>",
+             "<h1>nf4-tune report</h1>", "<h2>Overview</h2>",
+             "<table id='overview'><tr><th>GPU</th><th>problem</th><th>best us</th><th>bnb us</th><th>x bnb</th>"
+             "<th>% of copy</th><th>status</th><th>valid / invalid</th><th>best config</th></tr>"]
+    fmt = lambda v, f: (f % v) if v is not None else "-"
+    for r in data.overview:
+        cls = "flag-ok" if r["status"] == "ok" else "flag-bad"
+        cfg = html.escape(json.dumps(r["config"], sort_keys=True)) if r["config"] else "-"
+        parts.append(f"<tr><td>{html.escape(r['gpu'])}</td><td>{html.escape(r['problem'])}</td>"
+                     f"<td>{fmt(r['best_us'], '%.2f')}</td><td>{fmt(r['bnb_us'], '%.2f')}</td>"
+                     f"<td>{fmt(r['speedup'], '%.2f')}</td><td>{fmt(r['pct_copy'], '%.1f')}</td>"
+                     f"<td class='{cls}'>{html.escape(r['status'])}</td><td>{r['measured']} / {r['invalid']}</td>"
+                     f"<td><code>{cfg}</code></td></tr>")
+    parts.append("</table><h2>History</h2>")
+    for i, ((gname, label), points) in enumerate(sorted(data.history.items())):
+        if points:
+            parts.append(_fig_div(_history_fig(points, f"{gname}: {label}"), f"history-{i}"))
+    if data.studies:
+        parts.append("<h2>Searches</h2>")
+        for i, st in enumerate(data.studies):
+            f1, f2 = _study_figs(st)
+            parts.append(_fig_div(f1, f"study-{i}"))
+            if f2 is not None:
+                parts.append(_fig_div(f2, f"parcoords-{i}"))
+    if data.knob_speed:
+        parts.append("<h2>Knobs</h2>" + _fig_div(_knob_heatmap(data.knob_speed), "knob-heatmap"))
+    parts.append("<h2>Environments</h2><table id='environments'><tr>" +
+                 "".join(f"<th>{h}</th>" for h in ("run", "kind", "started", "commit", "nvrtc", "driver",
+                                                   "cuda-python", "bnb", "torch")) + "</tr>")
+    for e in data.environments:
+        parts.append("<tr>" + "".join(f"<td>{html.escape(str(e.get(k, '-')))}</td>" for k in (
+            "run", "kind", "started", "git_commit", "nvrtc", "driver", "cuda_python", "bnb", "torch")) + "</tr>")
+    parts.append("</table></body></html>")
+    fd, tmp = tempfile.mkstemp(dir=out, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write("\n".join(parts))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, out / "index.html")
+    return out / "index.html"
