@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import html
 import json
-import os
-import statistics
-import tempfile
 from pathlib import Path
+
+from tuner._files import atomic_write
 
 from ._data import ReportData
 
@@ -100,7 +99,7 @@ def build_report(data: ReportData, out_dir) -> Path:
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "plotly.min.js").write_text(get_plotlyjs(), encoding="utf-8")
+    atomic_write(out / "plotly.min.js", get_plotlyjs())
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>nf4-tune report</title>"
              f"<style>{_STYLE}</style><script src='plotly.min.js'></script></head><body>",
              "<h1>nf4-tune report</h1>", "<h2>Overview</h2>",
@@ -135,9 +134,4 @@ def build_report(data: ReportData, out_dir) -> Path:
         parts.append("<tr>" + "".join(f"<td>{html.escape(str(e.get(k, '-')))}</td>" for k in (
             "run", "kind", "started", "git_commit", "nvrtc", "driver", "cuda_python", "bnb", "torch")) + "</tr>")
     parts.append("</table></body></html>")
-    fd, tmp = tempfile.mkstemp(dir=out, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write("\n".join(parts))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, out / "index.html")
-    return out / "index.html"
+    return atomic_write(out / "index.html", "\n".join(parts))

@@ -103,10 +103,10 @@ def _bench_candidates(args) -> list:
         cands = cands + sweep_configs(base, args.sweep)
     if not cands:
         cands = [_space.preset("blog", dtype, quant), _space.preset("bnb-like", dtype, quant)]
-    names = {c: n for n in args.preset for c in [_space.preset(n, dtype, quant)]}
+    preset_names = {_space.preset(n, dtype, quant): n for n in args.preset}
     seen = {}
     for c in cands:
-        seen.setdefault(c, f"{names[c]}: {c.short()}" if c in names else c.short())
+        seen.setdefault(c, f"{preset_names[c]}: {c.short()}" if c in preset_names else c.short())
     return [(label, c) for c, label in seen.items()]
 
 
@@ -223,23 +223,13 @@ def cmd_best(args) -> int:
 
 def cmd_export(args) -> int:
     from . import record
+    from ._files import atomic_write
 
     repo = record.open_repository(args.db)
-    entries = []
-    for gname, prob in repo.problems():
-        knobs, m, _ = repo.best(gname, prob)
-        entries.append(dict(gpu=gname, shape=list(prob["shape"]), dtype=prob["dtype"], quant=prob["quant"],
-                            blocksize=prob["blocksize"], config=knobs, median_us=m.median_us,
-                            speedup_vs_bnb=m.speedup, pct_copy=m.pct_copy))
+    entries = record.best_configs(repo)
     if not entries:
         raise UserError(f"no valid measurement stored in {repo.db.url}: nothing to export")
-    import os as _os, tempfile as _tf
-
-    out_dir = _os.path.dirname(_os.path.abspath(args.output))
-    fd, tmp = _tf.mkstemp(dir=out_dir, suffix=".tmp")
-    with _os.fdopen(fd, "w") as f:
-        json.dump(dict(format=1, entries=entries), f, indent=2)
-    _os.replace(tmp, args.output)
+    atomic_write(args.output, json.dumps(dict(format=1, entries=entries), indent=2))
     print(f"wrote {len(entries)} tuned problem(s) to {args.output}")
     return 0
 
@@ -258,6 +248,13 @@ def cmd_report(args) -> int:
 
 
 # ------------------------------------------------------------------------------- parser
+_DB_HELP = "database URL (default: $NF4TUNE_DB or ./nf4tune.db; a path means a SQLite file)"
+
+
+def _add_db_arg(parser, help: str = _DB_HELP) -> None:
+    parser.add_argument("--db", default=None, metavar="URL", help=help)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="nf4-tune",
@@ -311,8 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "zero-fill it (cold, dirty L2, as triton's do_bench)")
     bp.add_argument("--json", action="store_true", help="print the full reports as JSON")
     bp.add_argument("-o", "--output", default=None, help="also write the JSON reports to this file")
-    bp.add_argument("--db", default=None, metavar="URL",
-                    help="store the run here (default: $NF4TUNE_DB or ./nf4tune.db; a path means SQLite)")
+    _add_db_arg(bp, "store the run here (default: $NF4TUNE_DB or ./nf4tune.db; a path means a SQLite file)")
     bp.add_argument("--no-db", action="store_true", help="do not store the run")
     bp.set_defaults(func=cmd_bench)
 
@@ -331,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--seed", type=int, default=None, help="sampler seed")
     se.add_argument("--remeasure", action="store_true", help="measure configs already stored for this GPU/problem")
     se.add_argument("--time-cap", type=float, default=1.0, help="seconds of timing per trial at most")
-    se.add_argument("--db", default=None, metavar="URL", help="database (default: $NF4TUNE_DB or ./nf4tune.db)")
+    _add_db_arg(se)
     se.add_argument("--quiet", action="store_true")
     se.set_defaults(func=cmd_search)
 
@@ -341,12 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--dtype", default="bf16", choices=_space.DTYPES)
     be.add_argument("--quant", default="nf4", choices=_space.QUANTS)
     be.add_argument("--blocksize", type=int, default=64)
-    be.add_argument("--db", default=None, metavar="URL")
+    _add_db_arg(be)
     be.set_defaults(func=cmd_best)
 
     ex = sub.add_parser("export", help="write the best config per (GPU model, problem) for the runtime")
     ex.add_argument("-o", "--output", required=True)
-    ex.add_argument("--db", default=None, metavar="URL")
+    _add_db_arg(ex)
     ex.set_defaults(func=cmd_export)
 
     rp = sub.add_parser("report", help="write a static, offline HTML report of the database",
@@ -355,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "a knob heatmap and the environment of each run, as index.html with "
                                     "plotly.min.js beside it.")
     rp.add_argument("-o", "--output", required=True, metavar="DIR")
-    rp.add_argument("--db", default=None, metavar="URL")
+    _add_db_arg(rp)
     rp.set_defaults(func=cmd_report)
     return p
 

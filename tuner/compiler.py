@@ -12,7 +12,6 @@ import io
 import json
 import os
 import re
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from kernel_templates import KERNEL_NAME, render
+from ._files import atomic_write
 from .space import KernelConfig, distinct_sources
 
 __all__ = [
@@ -131,21 +131,6 @@ def _parse_resources(log: str):
             int(spill.group(2)) if spill else None)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def _read_cache(cache_dir: Path, key: str, arch: str) -> Optional[CompiledKernel]:
     cubin_path = cache_dir / key[:2] / f"{key}.cubin"
     meta_path = cache_dir / key[:2] / f"{key}.json"
@@ -186,8 +171,8 @@ def compile_source(source: str, arch: str, cache_dir: Optional[os.PathLike] = No
         meta = dict(registers=regs, spill_stores=ss, spill_loads=sl, log=log, arch=arch,
                     nvrtc=nvrtc_version(), cubin_sha256=hashlib.sha256(cubin).hexdigest())
         # cubin first, meta last: an entry is only valid once its meta names the cubin's hash
-        _atomic_write(cache / key[:2] / f"{key}.cubin", cubin)
-        _atomic_write(cache / key[:2] / f"{key}.json", json.dumps(meta).encode())
+        atomic_write(cache / key[:2] / f"{key}.cubin", cubin)
+        atomic_write(cache / key[:2] / f"{key}.json", json.dumps(meta).encode())
     return CompiledKernel(cubin=cubin, arch=arch, key=key, registers=regs, spill_stores=ss,
                           spill_loads=sl, log=log, cached=False)
 

@@ -10,7 +10,7 @@ from typing import Optional
 
 from kernel_templates import template_hash
 
-__all__ = ["environment_versions", "record_report", "open_repository"]
+__all__ = ["environment_versions", "record_report", "open_repository", "best_configs"]
 
 
 def _version(dist: str) -> str:
@@ -72,3 +72,14 @@ def record_report(repo, run, report) -> None:
     for r in d["results"]:
         row = repo.config(r["config"], th) if r.get("config") else None
         repo.add_measurement(run, d["problem"], r, row, gpu_state=d.get("gpu_after"), bnb_median_us=bnb)
+
+
+def best_configs(repo) -> list[dict]:
+    """The best stored config of every (GPU model, problem): what ``nf4-tune export`` writes."""
+    entries = []
+    for gname, prob in repo.problems():
+        knobs, m, _ = repo.best(gname, prob)
+        entries.append(dict(gpu=gname, shape=list(prob["shape"]), dtype=prob["dtype"], quant=prob["quant"],
+                            blocksize=prob["blocksize"], config=knobs, median_us=m.median_us,
+                            speedup_vs_bnb=m.speedup, pct_copy=m.pct_copy))
+    return entries
