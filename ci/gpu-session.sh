@@ -47,11 +47,15 @@ if want script; then
   $py ${SCRIPT:?} 2>&1 | tee "$OUT/script.txt"
 fi
 if want search; then
-  # warm the compile cache for bf16/nf4, then time 30-trial searches (default sampler)
-  $py -m tuner.cli compile --dtype bf16 --quant nf4 --quiet 2>&1 | tee "$OUT/compile.txt"
-  for shape in ${SEARCH_SHAPES:-4096x4096 16384x16384}; do
-    /usr/bin/time -f "search $shape: %e s wall" $py -m tuner.cli search --shape $shape --trials ${TRIALS:-30} \
-       --db "$OUT/nf4tune.db" 2>&1 | tee -a "$OUT/search.txt"
+  # warm the compile cache, then time 30-trial searches (default sampler), one per shape x dtype
+  for dtype in ${SEARCH_DTYPES:-bf16}; do
+    $py -m tuner.cli compile --dtype $dtype --quant nf4 --quiet 2>&1 | tee -a "$OUT/compile.txt"
+  done
+  for dtype in ${SEARCH_DTYPES:-bf16}; do
+    for shape in ${SEARCH_SHAPES:-4096x4096 16384x16384}; do
+      /usr/bin/time -f "search $shape $dtype: %e s wall" $py -m tuner.cli search --shape $shape --dtype $dtype \
+         --trials ${TRIALS:-30} ${SEARCH_TIMEOUT:+--timeout $SEARCH_TIMEOUT} --db "$OUT/nf4tune.db" 2>&1 | tee -a "$OUT/search.txt"
+    done
   done
   $py -m tuner.cli export --db "$OUT/nf4tune.db" -o "$OUT/configs.json" 2>&1 | tee -a "$OUT/search.txt"
 fi

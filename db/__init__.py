@@ -6,8 +6,8 @@ WAL mode), any SQLAlchemy URL (PostgreSQL) for a fleet. The schema is versioned 
 """
 
 from ._engine import DEFAULT_URL, Database, connect, resolve_url
-from ._models import GPU, Base, Environment, KernelConfigRow, Measurement, Run
+from ._models import GPU, Base, Environment, Flag, KernelConfigRow, Measurement, Run
 from ._repository import Repository
 
 __all__ = ["DEFAULT_URL", "Database", "connect", "resolve_url", "Base", "GPU", "Environment", "KernelConfigRow",
-           "Run", "Measurement", "Repository"]
+           "Run", "Measurement", "Flag", "Repository"]

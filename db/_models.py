@@ -97,3 +97,29 @@ class Measurement(Base):
 
     run: Mapped[Run] = relationship()
     config: Mapped[Optional[KernelConfigRow]] = relationship()
+
+
+class Flag(Base):
+    """The nightly verdict of one problem in one regress run (see ``tuner.regression.judge``)."""
+
+    __tablename__ = "flags"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    measurement_id: Mapped[Optional[int]] = mapped_column(ForeignKey("measurements.id"), nullable=True)
+    shape: Mapped[str] = mapped_column(String(64))
+    dtype: Mapped[str] = mapped_column(String(8))
+    quant: Mapped[str] = mapped_column(String(8))
+    blocksize: Mapped[int] = mapped_column(Integer)
+    flag: Mapped[str] = mapped_column(String(32))       # ok, suspicious, regression, regression-vs-bnb, broken, invalid-environment
+    speedup: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    baseline_speedup: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    drop: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    threshold: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    p_value: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    changes: Mapped[dict] = mapped_column(JSON, default=dict)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+
+    run: Mapped[Run] = relationship()
+    measurement: Mapped[Optional[Measurement]] = relationship()

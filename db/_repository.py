@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from ._engine import Database
-from ._models import GPU, Environment, KernelConfigRow, Measurement, Run, _now
+from ._models import GPU, Environment, Flag, KernelConfigRow, Measurement, Run, _now
 
 
 def _shape_text(shape) -> str:
@@ -149,3 +149,51 @@ class Repository:
             if kind:
                 stmt = stmt.where(Run.kind == kind)
             return list(s.scalars(stmt))
+
+    # -- regression flags --------------------------------------------------------------
+    def add_flag(self, run: Run, problem: dict, verdict: dict, measurement: Optional[Measurement] = None) -> Flag:
+        """Store one night's verdict (a :class:`tuner.regression.Verdict` as a dict) for ``problem``."""
+        with self.db.session() as s:
+            f = Flag(run_id=run.id, measurement_id=measurement.id if measurement else None,
+                     shape=_shape_text(problem["shape"]), dtype=problem["dtype"], quant=problem["quant"],
+                     blocksize=int(problem["blocksize"]), flag=verdict["flag"], speedup=verdict.get("speedup"),
+                     baseline_speedup=verdict.get("baseline_speedup"), drop=verdict.get("drop"),
+                     threshold=verdict.get("threshold"), p_value=verdict.get("p_value"),
+                     changes=verdict.get("changes") or {}, reason=verdict.get("reason") or "")
+            s.add(f)
+            s.flush()
+            return f
+
+    def flags(self, run_id: Optional[int] = None) -> list[Flag]:
+        with self.db.session() as s:
+            stmt = select(Flag).order_by(Flag.id)
+            if run_id is not None:
+                stmt = stmt.where(Flag.run_id == run_id)
+            return list(s.scalars(stmt))
+
+    def regress_history(self, gpu_name: str, problem: dict) -> list[dict]:
+        """Past nights of ``problem`` on this GPU model, oldest first: the flag, the tuned
+        measurement it judged (samples, config), bnb's measurement of the same run, and the
+        run's environment."""
+        with self.db.session() as s:
+            stmt = (select(Flag, Run, Environment).join(Run, Flag.run_id == Run.id).join(GPU, Run.gpu_id == GPU.id)
+                    .join(Environment, Run.environment_id == Environment.id)
+                    .where(GPU.name == gpu_name, Flag.shape == _shape_text(problem["shape"]),
+                           Flag.dtype == problem["dtype"], Flag.quant == problem["quant"],
+                           Flag.blocksize == int(problem["blocksize"]))
+                    .order_by(Run.id, Flag.id))
+            nights = []
+            for flag, run, env in s.execute(stmt):
+                tuned = s.get(Measurement, flag.measurement_id) if flag.measurement_id else None
+                bnb = s.scalars(self._problem_filter(select(Measurement), problem)
+                                .where(Measurement.run_id == run.id, Measurement.label == "bnb dequantize_4bit")
+                                .order_by(Measurement.id)).first()
+                knobs = None
+                if tuned is not None and tuned.config_id is not None:
+                    knobs = s.get(KernelConfigRow, tuned.config_id).knobs
+                nights.append(dict(
+                    run_id=run.id, flag=flag.flag, started_at=run.started_at,
+                    tuned_us=list(tuned.samples_us) if tuned else [], bnb_us=list(bnb.samples_us) if bnb else [],
+                    config=knobs, env={k: getattr(env, k) for k in ("project_version", "git_commit", "nvrtc",
+                                                                     "driver", "cuda_python", "bnb", "torch")}))
+            return nights

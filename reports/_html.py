@@ -27,6 +27,11 @@ def _history_fig(points: list, title: str):
                              name="tuned IQR", opacity=0.3))
     fig.add_trace(go.Scatter(x=runs, y=tuned, mode="lines+markers", name="tuned kernel"))
     fig.add_trace(go.Scatter(x=runs, y=[p.get("bnb_us") for p in points], mode="lines+markers", name="bnb"))
+    flagged = [p for p in points if p.get("flag") not in (None, "ok")]
+    if flagged:
+        fig.add_trace(go.Scatter(x=[p["run"] for p in flagged], y=[p["tuned_us"] for p in flagged],
+                                 mode="markers+text", text=[p["flag"] for p in flagged], textposition="top center",
+                                 marker=dict(symbol="x", size=14, color="#c00"), name="flagged"))
     fig.update_layout(title=title, xaxis_title="run", yaxis_title="us (median)", height=320)
     return fig
 
@@ -55,7 +60,12 @@ def _study_figs(study: dict):
                                 dimensions=dims)) if dims else None
     if f2 is not None:
         f2.update_layout(title="parallel coordinates (colour: us)", height=320)
-    return f1, f2
+    f3 = None
+    if study.get("importance"):
+        imp = sorted(study["importance"].items(), key=lambda kv: kv[1])
+        f3 = go.Figure(go.Bar(x=[v for _, v in imp], y=[k for k, _ in imp], orientation="h"))
+        f3.update_layout(title="parameter importance (fANOVA)", height=260, xaxis_title="importance")
+    return f1, f2, f3
 
 
 def _knob_heatmap(knob_speed: list):
@@ -88,8 +98,36 @@ def _knob_heatmap(knob_speed: list):
 _STYLE = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222} table{border-collapse:collapse;margin:1em 0}
 td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px} th{background:#f3f3f3}
-.flag-ok{background:#d9f2d9} .flag-bad{background:#f8d0d0;font-weight:bold} h2{margin-top:2em}
+.flag-ok{background:#d9f2d9} .flag-bad{background:#f8d0d0;font-weight:bold} .flag-warn{background:#fde9b8}
+.flag-none{color:#888} h2{margin-top:2em} .changes{font-size:12px;color:#633}
 """
+
+
+_FAILING = ("regression", "regression-vs-bnb", "broken")
+
+
+def _flag_class(flag) -> str:
+    if flag is None:
+        return "flag-none"
+    if flag in _FAILING:
+        return "flag-bad"
+    return "flag-ok" if flag == "ok" else "flag-warn"
+
+
+def _nightly_cells(n) -> str:
+    if not n:
+        return "<td class='flag-none'>not run</td><td>-</td>"
+    text = html.escape(n["flag"])
+    notes = []
+    if n.get("reason"):
+        notes.append(html.escape(n["reason"]))
+    if n.get("drop") is not None and n.get("threshold") is not None:
+        notes.append(f"drop {100 * n['drop']:.1f}% (limit {100 * n['threshold']:.1f}%)")
+    for k, (a, b) in (n.get("changes") or {}).items():
+        notes.append(f"changed: {html.escape(str(k))} {html.escape(str(a))} &rarr; {html.escape(str(b))}")
+    extra = f"<div class='changes'>{'<br>'.join(notes)}</div>" if notes else ""
+    x = f"{n['speedup']:.2f}" if n.get("speedup") is not None else "-"
+    return f"<td class='{_flag_class(n['flag'])} nightly' data-flag='{text}'>{text} (run {n['run']}){extra}</td><td>{x}</td>"
 
 
 def build_report(data: ReportData, out_dir) -> Path:
@@ -104,7 +142,8 @@ def build_report(data: ReportData, out_dir) -> Path:
              f"<style>{_STYLE}</style><script src='plotly.min.js'></script></head><body>",
              "<h1>nf4-tune report</h1>", "<h2>Overview</h2>",
              "<table id='overview'><tr><th>GPU</th><th>problem</th><th>best us</th><th>bnb us</th><th>x bnb</th>"
-             "<th>% of copy</th><th>status</th><th>valid / invalid</th><th>best config</th></tr>"]
+             "<th>% of copy</th><th>status</th><th>nightly</th><th>nightly x bnb</th><th>valid / invalid</th>"
+             "<th>best config</th></tr>"]
     fmt = lambda v, f: (f % v) if v is not None else "-"
     for r in data.overview:
         cls = "flag-ok" if r["status"] == "ok" else "flag-bad"
@@ -112,19 +151,39 @@ def build_report(data: ReportData, out_dir) -> Path:
         parts.append(f"<tr><td>{html.escape(r['gpu'])}</td><td>{html.escape(r['problem'])}</td>"
                      f"<td>{fmt(r['best_us'], '%.2f')}</td><td>{fmt(r['bnb_us'], '%.2f')}</td>"
                      f"<td>{fmt(r['speedup'], '%.2f')}</td><td>{fmt(r['pct_copy'], '%.1f')}</td>"
-                     f"<td class='{cls}'>{html.escape(r['status'])}</td><td>{r['measured']} / {r['invalid']}</td>"
+                     f"<td class='{cls}'>{html.escape(r['status'])}</td>{_nightly_cells(r.get('nightly'))}"
+                     f"<td>{r['measured']} / {r['invalid']}</td>"
                      f"<td><code>{cfg}</code></td></tr>")
-    parts.append("</table><h2>History</h2>")
+    parts.append("</table>")
+    raised = [f for f in data.flags if f["flag"] != "ok"]
+    parts.append(f"<h2>Nightly flags</h2><p>{len(data.flags)} nightly verdict(s), {len(raised)} raised.</p>")
+    if raised:
+        parts.append("<table id='flags'><tr><th>run</th><th>GPU</th><th>problem</th><th>flag</th><th>x bnb</th>"
+                     "<th>baseline x bnb</th><th>drop / limit</th><th>p</th><th>reason</th><th>changed since the baseline</th></tr>")
+        for f in raised:
+            dl = (f"{100 * f['drop']:.1f}% / {100 * f['threshold']:.1f}%" if f.get("drop") is not None
+                  and f.get("threshold") is not None else "-")
+            ch = "<br>".join(f"{html.escape(str(k))}: {html.escape(str(a))} &rarr; {html.escape(str(b))}"
+                             for k, (a, b) in (f.get("changes") or {}).items()) or "-"
+            parts.append(f"<tr><td>{f['run']}</td><td>{html.escape(f['gpu'])}</td><td>{html.escape(f['problem'])}</td>"
+                         f"<td class='{_flag_class(f['flag'])}'>{html.escape(f['flag'])}</td>"
+                         f"<td>{fmt(f.get('speedup'), '%.3f')}</td><td>{fmt(f.get('baseline_speedup'), '%.3f')}</td>"
+                         f"<td>{dl}</td><td>{fmt(f.get('p_value'), '%.1e')}</td><td>{html.escape(f.get('reason') or '')}</td>"
+                         f"<td>{ch}</td></tr>")
+        parts.append("</table>")
+    parts.append("<h2>History</h2>")
     for i, ((gname, label), points) in enumerate(sorted(data.history.items())):
         if points:
             parts.append(_fig_div(_history_fig(points, f"{gname}: {label}"), f"history-{i}"))
     if data.studies:
         parts.append("<h2>Searches</h2>")
         for i, st in enumerate(data.studies):
-            f1, f2 = _study_figs(st)
+            f1, f2, f3 = _study_figs(st)
             parts.append(_fig_div(f1, f"study-{i}"))
             if f2 is not None:
                 parts.append(_fig_div(f2, f"parcoords-{i}"))
+            if f3 is not None:
+                parts.append(_fig_div(f3, f"importance-{i}"))
     if data.knob_speed:
         parts.append("<h2>Knobs</h2>" + _fig_div(_knob_heatmap(data.knob_speed), "knob-heatmap"))
     parts.append("<h2>Environments</h2><table id='environments'><tr>" +

@@ -53,11 +53,12 @@ def test_an_older_schema_is_upgraded_in_place(db_url):
                           "VALUES ('Old GPU', '8.0', 108, 1, 1)"))
     engine.dispose()
     db = connect(url)                      # upgrades to head, keeps the row
-    assert current_revision(db.engine) == "0002"
+    assert current_revision(db.engine) == "0003"
     with db.engine.connect() as c:
         assert c.execute(sa.text("SELECT name FROM gpus")).scalar_one() == "Old GPU"
         cols = {col["name"] for col in sa.inspect(c).get_columns("measurements")}
-    assert "registers" in cols
+        tables = set(sa.inspect(c).get_table_names())
+    assert "registers" in cols and "flags" in tables
 
 
 def test_default_url_and_env_override(monkeypatch, tmp_path):

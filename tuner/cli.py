@@ -234,6 +234,64 @@ def cmd_export(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------- regress
+def _fmt(v, f, none="-"):
+    return (f % v) if v is not None else none
+
+
+def format_regress(result) -> str:
+    lines = [f"{'problem':<26} {'tuned us':>9} {'bnb us':>9} {'x bnb':>6} {'base x':>6} {'drop':>6} {'limit':>6} "
+             f"{'p':>8}  {'flag':<19} config"]
+    for v in result.verdicts:
+        lines.append(f"{v.problem:<26} {_fmt(v.tuned_us, '%.2f'):>9} {_fmt(v.bnb_us, '%.2f'):>9} "
+                     f"{_fmt(v.speedup, '%.3f'):>6} {_fmt(v.baseline_speedup, '%.3f'):>6} "
+                     f"{_fmt(None if v.drop is None else 100 * v.drop, '%.1f%%'):>6} "
+                     f"{_fmt(None if v.threshold is None else 100 * v.threshold, '%.1f%%'):>6} "
+                     f"{_fmt(v.p_value, '%.1e'):>8}  {v.flag:<19} {v.config}")
+        if v.flag != "ok" or v.changes:
+            if v.reason:
+                lines.append(f"    {v.reason}")
+            for k, (a, b) in v.changes.items():
+                lines.append(f"    changed since the baseline: {k}: {a} -> {b}")
+    failed = result.failed
+    lines.append(f"regress run {result.run_id}: {len(result.verdicts)} problem(s), "
+                 + (f"{len(failed)} failing ({', '.join(sorted({v.flag for v in failed}))})" if failed else "clean"))
+    return "\n".join(lines)
+
+
+def cmd_regress(args) -> int:
+    from db import resolve_url
+    from .gpu import require_gpu
+    from . import record
+    from .regress import run_regress
+
+    gpu = require_gpu()
+    url = resolve_url(args.db)
+    try:
+        repo = record.open_repository(url)
+        problems = repo.problems(gpu.name)
+    except _DatabaseError as e:
+        print(f"nf4-tune: cannot run: {e}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    if not problems:
+        print(f"nf4-tune: cannot run: no stored best config for {gpu.name} in {url} (run `nf4-tune search` first)",
+              file=sys.stderr)
+        return EXIT_CANNOT_RUN
+
+    def progress(i, n, label):
+        if label and not args.quiet:
+            print(f"[{i + 1}/{n}] {label}: re-measuring the stored best and bnb", file=sys.stderr, flush=True)
+
+    result = run_regress(repo, gpu, remeasure=not args.no_remeasure, command=" ".join(sys.argv), progress=progress)
+    print(format_regress(result), flush=True)
+    if args.report:
+        from reports import build_report, collect
+
+        index = build_report(collect(repo, url), args.report)
+        print(f"wrote {index}", file=sys.stderr)
+    return result.exit_code
+
+
 # ------------------------------------------------------------------------------- report
 def cmd_report(args) -> int:
     from db import resolve_url
@@ -344,6 +402,23 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("-o", "--output", required=True)
     _add_db_arg(ex)
     ex.set_defaults(func=cmd_export)
+
+    rg = sub.add_parser("regress", help="nightly: re-measure every stored best config against bnb and judge it",
+                        description="On the visible GPU, re-measure the stored best config of every problem tuned "
+                                    "for this GPU model, interleaved with bnb in the shared harness; store the run; "
+                                    "judge each problem: broken (fails the bit-exact gate), invalid-environment "
+                                    "(clocks or temperature off), regression-vs-bnb (slower than bnb), suspicious / "
+                                    "regression (the speedup over bnb fell by more than max(5%%, 3x the noise) "
+                                    "against the recent good nights, significant by Mann-Whitney U; a first drop "
+                                    "is re-measured at once and confirmed there or the next night). Lists what "
+                                    "changed since the baseline. Exit 0 clean, 1 a confirmed regression or a broken "
+                                    "kernel, 2 cannot run (no GPU, unreadable database, nothing tuned).")
+    _add_db_arg(rg)
+    rg.add_argument("--report", default=None, metavar="DIR", help="also write the HTML report to DIR")
+    rg.add_argument("--no-remeasure", action="store_true",
+                    help="do not re-measure a first drop at once (it is then confirmed only by the next night)")
+    rg.add_argument("--quiet", action="store_true")
+    rg.set_defaults(func=cmd_regress)
 
     rp = sub.add_parser("report", help="write a static, offline HTML report of the database",
                         description="Overview per GPU x problem (best, bnb, x bnb, % of copy, status), history "

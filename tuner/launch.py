@@ -7,6 +7,7 @@ any launch: a kernel never touches memory out of bounds because of a bad pointer
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -18,14 +19,17 @@ from kernel_templates import KERNEL_NAME
 from .compiler import compile_config
 from .space import KernelConfig
 
-__all__ = ["LaunchError", "DequantKernel", "BoundLaunch", "load_kernel", "run_config", "MAX_ELEMENTS",
-           "problem_bytes"]
+__all__ = ["LaunchError", "DequantKernel", "BoundLaunch", "PackedLaunch", "load_kernel", "run_config",
+           "MAX_ELEMENTS", "problem_bytes", "raw_stream"]
 
 #: the kernel indexes elements with 32-bit unsigned integers and packed bytes as 2*i
 MAX_ELEMENTS = 2**31 - 1
 _BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 _TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 _OUT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+_MODULES: dict = {}   # sha256 of a CUBIN -> (ObjectCode, Kernel), per process
 
 
 class LaunchError(ValueError):
@@ -89,6 +93,78 @@ class BoundLaunch:
             raise LaunchError(f"launch of {self.kernel.config.short()} failed: {e}") from None
 
 
+def raw_stream(device_index: int) -> int:
+    """The raw handle of torch's current stream on ``device_index`` (bnb reads it the same way)."""
+    return _torch()._C._cuda_getCurrentRawStream(device_index)
+
+
+@lru_cache(maxsize=64)
+def _cu_stream(handle: int):
+    from cuda.bindings import driver
+
+    return driver.CUstream(handle)
+
+
+class PackedLaunch:
+    """One launch geometry of a loaded variant with its kernel parameters packed once: per call
+    only the six data pointers and the nested offset are written into the packed buffer, and
+    ``cuLaunchKernel`` is called directly with it. This is the serving path of
+    :mod:`tuner.runtime`, where host time per call matters; the buffer is guarded by a lock, so
+    threads may share one instance.
+
+    The caller has checked the tensors (the runtime does, per call); the constants (element
+    count, block sizes, tile count, grid) are fixed here, with the register budget checked.
+    """
+
+    _N_ARGS = 13   # A, absmax u8, code, absmax2, absmax f32, offset, out, n, bs, log2 bs, g, log2 g, ntiles
+
+    def __init__(self, kernel: "DequantKernel", n: int, blocksize: int, groupsize: int = 256):
+        import threading
+
+        from cuda.bindings import driver
+
+        c = kernel.config
+        if not 1 <= n <= MAX_ELEMENTS:
+            raise LaunchError(f"element count {n} is outside this kernel's range 1..{MAX_ELEMENTS}")
+        regs = kernel.compiled.registers
+        if regs is not None and regs * c.threads > 65536:
+            raise LaunchError(f"{c.short()}: {regs} registers x {c.threads} threads exceeds the 65536 "
+                              "registers of an SM; the block cannot launch")
+        self.kernel = kernel
+        nsteps = -(-((n + 1) // 2) // c.bytes_per_thread)
+        ntiles = -(-nsteps // (c.threads * c.unroll))
+        self.grid = ntiles if c.grid == "oneshot" else min(ntiles, _sm_count() * c.ctas_per_sm)
+        self.threads = c.threads
+        self._vals = np.zeros(self._N_ARGS, dtype=np.uint64)      # one 8-byte slot per parameter
+        u32 = self._vals.view(np.uint32)                            # little endian: low half at 2*i
+        for slot, v in zip(range(7, 13), (n, blocksize, blocksize.bit_length() - 1, groupsize,
+                                          groupsize.bit_length() - 1, ntiles)):
+            u32[2 * slot] = v
+        self._f32 = self._vals.view(np.float32)
+        self._ptrs = np.array([self._vals.ctypes.data + 8 * i for i in range(self._N_ARGS)], dtype=np.uint64)
+        self._params = int(self._ptrs.ctypes.data)
+        self._function = driver.CUfunction(int(kernel.function.handle))
+        self._launch = driver.cuLaunchKernel
+        self._ok = driver.CUresult.CUDA_SUCCESS
+        self._lock = threading.Lock()
+
+    def __call__(self, a: int, absmax_u8: int, code: int, absmax2: int, absmax_f32: int, offset: float, out: int,
+                 stream: int) -> None:
+        v = self._vals
+        with self._lock:
+            v[0] = a
+            v[1] = absmax_u8
+            v[2] = code
+            v[3] = absmax2
+            v[4] = absmax_f32
+            self._f32[10] = offset
+            v[6] = out
+            err = self._launch(self._function, self.grid, 1, 1, self.threads, 1, 1, 0, _cu_stream(stream),
+                               self._params, 0)[0]
+        if err != self._ok:
+            raise LaunchError(f"launch of {self.kernel.config.short()} failed: {err!r}")
+
+
 class DequantKernel:
     """A loaded variant of the template."""
 
@@ -105,8 +181,13 @@ class DequantKernel:
             self.compiled = compile_config(config, arch)
         else:
             self.compiled = compile_source(source, arch or require_gpu().arch)
-        self.module = ObjectCode.from_cubin(self.compiled.cubin)
-        self.function = self.module.get_kernel(KERNEL_NAME)
+        # configs that differ only in launch parameters share one source, hence one loaded module
+        key = hashlib.sha256(self.compiled.cubin).hexdigest()
+        loaded = _MODULES.get(key)
+        if loaded is None:
+            module = ObjectCode.from_cubin(self.compiled.cubin)
+            loaded = _MODULES[key] = (module, module.get_kernel(KERNEL_NAME))
+        self.module, self.function = loaded
 
     # -- checks ------------------------------------------------------------------------
     def _check(self, A, qs, out):

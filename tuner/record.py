@@ -62,16 +62,20 @@ def gpu_row(repo, gpu, copy_gbps: Optional[float] = None):
                     gpu.memory_bytes, gpu.l2_bytes, copy_gbps)
 
 
-def record_report(repo, run, report) -> None:
-    """Store every result of a :class:`tuner.bench.ProblemReport` under ``run``."""
+def record_report(repo, run, report) -> dict:
+    """Store every result of a :class:`tuner.bench.ProblemReport` under ``run``; returns the
+    stored measurements by label."""
     from .bench import REF_BNB
 
     d = report.to_dict()
     bnb = next((r["median_us"] for r in d["results"] if r["label"] == REF_BNB), None)
     th = template_hash()
+    stored = {}
     for r in d["results"]:
         row = repo.config(r["config"], th) if r.get("config") else None
-        repo.add_measurement(run, d["problem"], r, row, gpu_state=d.get("gpu_after"), bnb_median_us=bnb)
+        stored[r["label"]] = repo.add_measurement(run, d["problem"], r, row, gpu_state=d.get("gpu_after"),
+                                                  bnb_median_us=bnb)
+    return stored
 
 
 def best_configs(repo) -> list[dict]:

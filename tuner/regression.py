@@ -13,6 +13,16 @@ drift. Per night and problem, :func:`judge` returns one of:
 - ``regression``: the same drop, persisting from the previous night (or an immediate
   re-measurement);
 - ``ok``.
+
+How "fell by more than the threshold" is decided: a measured drop is an estimate, and a true
+drop of exactly the threshold measures above it only half the time, so a rule on the point
+estimate alone would catch a real 5% slowdown on a coin flip per night. The rule is therefore:
+the drop is significant (Mann-Whitney p < 0.01) *and* the threshold lies within the drop's
+one-sided 99.9% confidence band (drop + 3.09 x its standard error >= threshold; the error
+combines tonight's repetitions and the baseline median's own error). At H200 noise (about 1%
+per repetition, 25 repetitions) a real 5% slowdown is caught on nearly every night, a quiet
+night's drop (a few tenths of a percent) is far short of the band, and true drops under about
+3.5% are not flagged.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ __all__ = ["Night", "Verdict", "judge", "mann_whitney_greater", "env_changes", "
 MIN_DROP = 0.05          # at least a 5% drop of the speedup
 NOISE_FACTOR = 3.0       # and at least 3x the baseline's night-to-night noise
 ALPHA = 0.01             # significance of the drop on the raw samples
+CONFIDENCE_Z = 3.09      # one-sided 99.9% band of the measured drop
 BASELINE_NIGHTS = 10     # rolling window of recent good nights
 MIN_BASELINE = 3
 
@@ -123,11 +134,17 @@ def _drop_verdict(history: Sequence[Night], night: Night) -> Verdict:
     noise = statistics.pstdev(speedups) / base if len(speedups) > 1 else 0.0
     threshold = max(MIN_DROP, NOISE_FACTOR * noise)
     drop = (base - night.speedup) / base
+    tonight = night.sample_speedups()
     pooled = [s for g in good for s in g.sample_speedups()]
-    p = mann_whitney_greater(pooled, night.sample_speedups())
+    p = mann_whitney_greater(pooled, tonight)
+    # the drop's uncertainty: tonight's median (standard error from its per-repetition
+    # speedups) and the baseline's median (night-to-night noise over sqrt(nights)); the
+    # night-to-night noise itself is in the threshold (3x noise), not in this band
+    se = 1.2533 * statistics.pstdev(tonight) / math.sqrt(len(tonight)) / base if len(tonight) > 1 else 0.0
+    margin = CONFIDENCE_Z * math.sqrt(se ** 2 + noise ** 2 / len(good))
     v = Verdict("ok", drop=drop, threshold=threshold, p_value=p, baseline_speedup=base, speedup=night.speedup,
                 changes=env_changes(good[-1].env, night.env))
-    if drop > threshold and p < ALPHA:
+    if p < ALPHA and drop + margin >= threshold:
         v.flag = "suspicious"
     return v
 

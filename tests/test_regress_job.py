@@ -1,0 +1,143 @@
+"""The nightly job's orchestration (tuner.regress.run_regress) against a real database, with a
+test double for the GPU measurement; and `nf4-tune regress`'s exit codes."""
+
+import random
+
+import pytest
+
+from tuner import cli
+from tuner.bench import REF_BNB, BenchResult, ProblemReport
+from tuner.gpu import GPUInfo
+from tuner.regress import run_regress
+from tuner.space import preset
+from db import Repository, connect
+
+GPU = GPUInfo("NVIDIA H200", "sm_90", (9, 0), 132, 62914560, 150 << 30, "580.1")
+ENV = dict(project_version="0.1.0", git_commit="abc", nvrtc="13.0", driver="580.1", cuda_python="x", bnb="0.50.2",
+           torch="2.11")
+BEST = preset("blog").replace(unroll=4, threads=128, index="hoisted")
+
+
+class FakeMeasure:
+    """Interleaved samples of the tuned config and bnb; ``slow`` scales the tuned kernel's time,
+    ``broken`` fails the gate, per problem label."""
+
+    def __init__(self, seed=0):
+        self.rng = random.Random(seed)
+        self.slow = {}
+        self.broken = set()
+        self.calls = []
+
+    def __call__(self, problem, candidates):
+        (label, config), = candidates
+        self.calls.append(problem.label())
+        drift = self.rng.uniform(0.95, 1.05)
+        base = 10.0 * problem.numel / 4096 ** 2
+        t = base * self.slow.get(problem.label(), 1.0)
+        tuned = [t * drift * self.rng.gauss(1, 0.01) for _ in range(25)]
+        bnb = [1.9 * base * drift * self.rng.gauss(1, 0.01) for _ in range(25)]
+        med = sorted(tuned)[12]
+        bmed = sorted(bnb)[12]
+        if problem.label() in self.broken:
+            r = BenchResult(label, config.to_dict(), "invalid", "shape (4096, 4096): 17 of 16777216 elements differ")
+        else:
+            r = BenchResult(label, config.to_dict(), "ok", "", med, 0.1, tuned, 3000.0, 80.0, bmed / med)
+        ref = BenchResult(REF_BNB, None, "reference", "", bmed, 0.1, bnb, 1500.0, 40.0, 1.0)
+        state = dict(gpu_name=GPU.name, sm_clock_mhz=1980, max_sm_clock_mhz=1980, temperature_c=50)
+        return ProblemReport(problem=dict(shape=problem.shape, dtype=problem.dtype, quant=problem.quant,
+                                          blocksize=problem.blocksize),
+                             bytes_moved=1, copy_gbps=4000.0, results=[ref, r], gpu_before=state, gpu_after=state,
+                             seed=0)
+
+
+def _seeded_repo(url):
+    """A database as a search leaves it: a best config for two problems on the H200."""
+    from tuner import record
+
+    repo = Repository(connect(url))
+    run = repo.start_run("search", record.gpu_row(repo, GPU), repo.environment(**ENV))
+    row = repo.config(BEST.to_dict(), "th")
+    for shape in ((4096, 4096), (8192, 8192)):
+        prob = dict(shape=shape, dtype="bf16", quant="nf4", blocksize=64)
+        repo.add_measurement(run, prob, dict(label="trial", status="ok", median_us=10.0, samples_us=[10.0],
+                                             speedup_vs_bnb=1.9), row)
+    repo.finish_run(run)
+    return repo
+
+
+def test_quiet_nights_then_a_slowdown_then_a_broken_kernel(db_url):
+    repo = _seeded_repo(db_url)
+    fake = FakeMeasure()
+    for night in range(4):
+        result = run_regress(repo, GPU, measure=fake, env=ENV)
+        assert [v.flag for v in result.verdicts] == ["ok", "ok"], result.verdicts
+        assert result.exit_code == 0
+    assert len(repo.flags()) == 8 and len(repo.runs("regress")) == 4
+
+    fake.slow["8192x8192 bf16 nf4 bs64"] = 1.05            # a 5% slower kernel, and a new bnb
+    calls = len(fake.calls)
+    result = run_regress(repo, GPU, measure=fake, env=dict(ENV, bnb="0.51.0"))
+    flags = {v.problem: v for v in result.verdicts}
+    assert flags["4096x4096 bf16 nf4 bs64"].flag == "ok"
+    slow = flags["8192x8192 bf16 nf4 bs64"]
+    assert slow.flag == "regression" and "immediate re-measurement" in slow.reason
+    assert slow.changes == {"bnb": ["0.50.2", "0.51.0"]}
+    assert len(fake.calls) == calls + 3                    # the drop was re-measured at once
+    assert result.exit_code == 1
+    stored = repo.flags(result.run_id)
+    assert {f.flag for f in stored} == {"ok", "regression"}
+    assert all(f.measurement_id is not None for f in stored)
+
+    fake.slow.clear()
+    fake.broken.add("4096x4096 bf16 nf4 bs64")
+    result = run_regress(repo, GPU, measure=fake, env=ENV)
+    flags = {v.problem: v.flag for v in result.verdicts}
+    assert flags == {"4096x4096 bf16 nf4 bs64": "broken", "8192x8192 bf16 nf4 bs64": "ok"}
+    assert result.exit_code == 1
+
+
+def test_one_slow_measurement_alone_is_only_suspicious(tmp_path):
+    repo = _seeded_repo(f"sqlite:///{tmp_path / 'r.db'}")
+    fake = FakeMeasure(seed=3)
+    for _ in range(4):
+        run_regress(repo, GPU, measure=fake, env=ENV)
+
+    first = {"n": 0}
+
+    def once_slow(problem, candidates):
+        if problem.label().startswith("8192"):
+            first["n"] += 1
+            fake.slow[problem.label()] = 1.10 if first["n"] == 1 else 1.0
+        return fake(problem, candidates)
+
+    result = run_regress(repo, GPU, measure=once_slow, env=ENV)
+    flags = {v.problem: v.flag for v in result.verdicts}
+    assert flags["8192x8192 bf16 nf4 bs64"] == "suspicious" and result.exit_code == 0
+    fake.slow.clear()
+    result = run_regress(repo, GPU, measure=fake, env=ENV)
+    assert {v.flag for v in result.verdicts} == {"ok"}
+
+
+def test_slower_than_bnb_fails_the_night(tmp_path):
+    repo = _seeded_repo(f"sqlite:///{tmp_path / 'r.db'}")
+    fake = FakeMeasure()
+    fake.slow["4096x4096 bf16 nf4 bs64"] = 2.5
+    result = run_regress(repo, GPU, measure=fake, env=ENV)
+    assert {v.problem: v.flag for v in result.verdicts}["4096x4096 bf16 nf4 bs64"] == "regression-vs-bnb"
+    assert result.exit_code == 1
+    assert "slower than bnb" in cli.format_regress(result)
+
+
+def test_regress_cannot_run_without_a_gpu_or_a_database(tmp_path, monkeypatch, capsys):
+    from tuner import gpu as gpu_mod
+
+    if not gpu_mod.gpu_available():
+        assert cli.main(["regress", "--db", str(tmp_path / "x.db")]) == 2
+        assert "cannot run" in capsys.readouterr().err
+    monkeypatch.setattr(gpu_mod, "require_gpu", lambda: GPU)
+    bad = tmp_path / "not-a-db.db"
+    bad.write_text("this is not SQLite")
+    assert cli.main(["regress", "--db", str(bad)]) == 2
+    assert "cannot run" in capsys.readouterr().err
+    assert cli.main(["regress", "--db", str(tmp_path / "empty.db")]) == 2
+    assert "no stored best config" in capsys.readouterr().err

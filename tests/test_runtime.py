@@ -1,0 +1,151 @@
+"""The runtime's config choice, its errors and the bnb patch, on the CPU (no GPU needed)."""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import bitsandbytes.functional as F
+
+from tuner import runtime
+from tuner.space import KernelConfig
+
+GPU = "NVIDIA H200"
+
+
+def _entry(shape, dtype="bf16", quant="nf4", bs=64, gpu=GPU, **knobs):
+    cfg = dict(dict(bytes_per_thread=4, unroll=2, threads=256, lut="shared", index="hoisted"), **knobs)
+    return dict(gpu=gpu, shape=list(shape), dtype=dtype, quant=quant, blocksize=bs,
+                config=dict(cfg, dtype=dtype, quant=quant), median_us=1.0, speedup_vs_bnb=2.0, pct_copy=90.0)
+
+
+@pytest.fixture
+def table():
+    return runtime.ConfigTable([
+        _entry((4096, 4096), threads=128),
+        _entry((16384, 16384), threads=512),
+        _entry((8192, 8192), dtype="fp16", threads=1024),
+        _entry((8192, 8192), bs=128, threads=64),
+        _entry((4096, 4096), gpu="NVIDIA A100", threads=256, unroll=1),
+    ], "test")
+
+
+def test_exact_problem_wins(table):
+    c = table.choose(GPU, (4096, 4096), "bf16", "nf4", 64)
+    assert c.source == "exact" and c.config.threads == 128
+
+
+def test_nearest_problem_prefers_same_blocksize_then_size(table):
+    # 70.8M values: |ln 70.8M - ln 16.8M| = 1.44 > |ln 70.8M - ln 268M| = 1.33, so 16384^2
+    c = table.choose(GPU, (5120, 13824), "bf16", "nf4", 64)
+    assert c.source == "nearest" and c.config.threads == 512 and "16384x16384" in c.tuned_for
+    c = table.choose(GPU, (11008, 4096), "bf16", "nf4", 64)      # 45M: 16.8M is nearer (0.99 vs 1.78)
+    assert c.source == "nearest" and c.config.threads == 128
+    c = table.choose(GPU, (4096, 4096), "bf16", "nf4", 128)      # exact blocksize beats exact shape
+    assert c.source == "nearest" and c.config.threads == 64
+
+
+def test_other_gpu_or_dtype_falls_back_to_the_builtin_default(table):
+    c = table.choose("NVIDIA L4", (4096, 4096), "bf16", "nf4", 64)
+    assert c.source == "default"
+    assert c.config == KernelConfig.from_dict(dict(runtime.BUILTIN_DEFAULTS["bf16"], dtype="bf16", quant="nf4"))
+    c = table.choose(GPU, (4096, 4096), "fp32", "fp4", 64)
+    assert c.source == "default" and c.config.dtype == "fp32" and c.config.quant == "fp4"
+    c = table.choose(GPU, (4096, 4096), "fp16", "nf4", 64)       # fp16 tuned at 8192^2 only
+    assert c.source == "nearest" and c.config.threads == 1024
+
+
+def test_packaged_table_loads_and_covers_the_h200():
+    t = runtime.ConfigTable.from_file(runtime.PACKAGED_TABLE)
+    assert any(e[0] == GPU for e in t.entries)
+    assert t.choose(GPU, (4096, 4096), "bf16", "nf4", 64).source == "exact"
+
+
+def test_use_configs_reads_exported_tables_and_databases(tmp_path, monkeypatch):
+    p = tmp_path / "configs.json"
+    p.write_text(json.dumps(dict(format=1, entries=[_entry((64, 64), threads=64)])))
+    try:
+        runtime.use_configs(str(p))
+        assert runtime.choose_config(GPU, (64, 64), "bf16", "nf4", 64).config.threads == 64
+        monkeypatch.setenv("NF4TUNE_CONFIGS", str(p))
+        runtime.use_configs(None)
+        assert runtime.choose_config(GPU, (64, 64), "bf16", "nf4", 64).source == "exact"
+        import shutil
+
+        db = tmp_path / "h200.db"      # a copy: opening a database upgrades its schema in place
+        shutil.copy("examples/h200/search-bf16-partial.db", db)
+        runtime.use_configs(str(db))
+        assert runtime.choose_config(GPU, (8192, 8192), "bf16", "nf4", 64).source == "exact"
+    finally:
+        monkeypatch.delenv("NF4TUNE_CONFIGS", raising=False)
+        runtime.use_configs(None)
+
+
+def test_bad_tables_are_rejected_with_a_message(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text("{}")
+    with pytest.raises(ValueError, match="nf4-tune export"):
+        runtime.ConfigTable.from_file(p)
+    p.write_text(json.dumps(dict(format=1, entries=[dict(gpu=GPU)])))
+    with pytest.raises(ValueError, match="bad entry"):
+        runtime.ConfigTable.from_file(p)
+    with pytest.raises(ValueError, match="cannot read"):
+        runtime.ConfigTable.from_file(tmp_path / "missing.json")
+
+
+def _cpu_quantized(shape=(64, 96), quant="nf4", dtype=torch.bfloat16):
+    w = torch.randn(shape, dtype=torch.float32).to(dtype)
+    return F.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type=quant)
+
+
+def test_errors_are_bnbs_kinds():
+    A, qs = _cpu_quantized()
+    with pytest.raises(RuntimeError, match="CUDA"):          # torch._check, as bnb's op checks
+        runtime.dequantize_4bit(A, qs)
+    with pytest.raises(ValueError, match="requires both absmax and out"):
+        runtime.dequantize_4bit(A)
+    qs.blocksize = 48
+    with pytest.raises(ValueError, match="invalid blocksize 48"):
+        runtime.dequantize_4bit(A, qs)
+    qs.blocksize = 64
+    qs.dtype = torch.int8
+    with pytest.raises(ValueError, match="16/32-bit floats"):
+        runtime.dequantize_4bit(A, qs)
+    qs.dtype, qs.quant_type = torch.bfloat16, "int4"
+    with pytest.raises(ValueError, match="nf4' or 'fp4'"):
+        runtime.dequantize_4bit(A, qs)
+
+
+def _cuda_backend():
+    try:   # bnb's CUDA backend imports only with a CUDA build of torch
+        import bitsandbytes.backends.cuda.ops as cuda_ops
+    except Exception:
+        return None
+    return cuda_ops
+
+
+def test_patch_swaps_bnb_and_undo_restores_it():
+    cuda_ops = _cuda_backend()
+    orig_deq = F.dequantize_4bit
+    orig_fb = cuda_ops._dequant_linear_fallback if cuda_ops else None
+    with runtime.patch_bitsandbytes() as p:
+        assert p.active and F.dequantize_4bit is not orig_deq
+        if cuda_ops:
+            assert cuda_ops._dequant_linear_fallback is not orig_fb
+    assert F.dequantize_4bit is orig_deq
+    if cuda_ops:
+        assert cuda_ops._dequant_linear_fallback is orig_fb
+    p = runtime.patch_bitsandbytes()
+    assert F.dequantize_4bit is not orig_deq
+    p.undo()
+    p.undo()                                              # a second undo is harmless
+    assert F.dequantize_4bit is orig_deq and not p.active
+
+
+@pytest.mark.parametrize("quant", ["nf4", "fp4"])
+def test_patched_bnb_keeps_its_own_path_for_cpu_tensors(quant):
+    A, qs = _cpu_quantized(quant=quant)
+    want = F.dequantize_4bit(A, qs)
+    with runtime.patch_bitsandbytes():
+        got = F.dequantize_4bit(A, qs)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
