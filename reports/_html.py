@@ -103,6 +103,20 @@ td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px} th{background:#f3f3f
 """
 
 
+# The page checks itself (what the headless-browser test reads): script errors and console.error
+# calls are collected from the start, and once loaded the body records how many charts exist
+# and how many plotly rendered.
+_ERROR_TRAP = ("window.__nf4tuneErrors=[];window.addEventListener('error',function(e){"
+               "window.__nf4tuneErrors.push(String(e.message||e));});(function(){var c=console.error;"
+               "console.error=function(){window.__nf4tuneErrors.push(Array.prototype.join.call(arguments,' '));"
+               "return c.apply(console,arguments);};})();")
+_SELF_CHECK = ("window.addEventListener('load',function(){setTimeout(function(){var b=document.body;"
+               "b.dataset.chartsExpected=document.querySelectorAll('.plotly-graph-div').length;"
+               "b.dataset.chartsRendered=document.querySelectorAll('.js-plotly-plot .main-svg').length>0?"
+               "Array.prototype.filter.call(document.querySelectorAll('.plotly-graph-div'),function(d){"
+               "return d.querySelector('.main-svg')!==null;}).length:0;"
+               "b.dataset.errors=JSON.stringify(window.__nf4tuneErrors);b.dataset.checked='1';},500);});")
+
 _FAILING = ("regression", "regression-vs-bnb", "broken")
 
 
@@ -139,7 +153,7 @@ def build_report(data: ReportData, out_dir) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "plotly.min.js", get_plotlyjs())
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>nf4-tune report</title>"
-             f"<style>{_STYLE}</style><script src='plotly.min.js'></script></head><body>",
+             f"<style>{_STYLE}</style><script>{_ERROR_TRAP}</script><script src='plotly.min.js'></script></head><body>",
              "<h1>nf4-tune report</h1>", "<h2>Overview</h2>",
              "<table id='overview'><tr><th>GPU</th><th>problem</th><th>best us</th><th>bnb us</th><th>x bnb</th>"
              "<th>% of copy</th><th>status</th><th>nightly</th><th>nightly x bnb</th><th>valid / invalid</th>"
@@ -177,11 +191,24 @@ def build_report(data: ReportData, out_dir) -> Path:
             parts.append(_fig_div(_history_fig(points, f"{gname}: {label}"), f"history-{i}"))
     if data.studies:
         parts.append("<h2>Searches</h2>")
+        # parallel coordinates draw with WebGL, and a browser keeps only ~16 WebGL contexts: one
+        # chart, with a study selector, instead of one chart per study
+        parcoords = []
         for i, st in enumerate(data.studies):
             f1, f2, f3 = _study_figs(st)
-            parts.append(_fig_div(f1, f"study-{i}"))
             if f2 is not None:
-                parts.append(_fig_div(f2, f"parcoords-{i}"))
+                parcoords.append((st["name"], f2))
+        if parcoords:
+            options = "".join(f"<option value='{i}'>{html.escape(name)}</option>" for i, (name, _) in enumerate(parcoords))
+            figs = json.dumps([json.loads(f.to_json()) for _, f in parcoords])
+            parts.append("<h3>Parallel coordinates</h3><label>study <select id='parcoords-select'>" + options +
+                         "</select></label>" + _fig_div(parcoords[0][1], "parcoords-0") +
+                         f"<script>window.__nf4tuneParcoords={figs};document.getElementById('parcoords-select')"
+                         ".addEventListener('change',function(e){var f=window.__nf4tuneParcoords[+e.target.value];"
+                         "Plotly.react('parcoords-0',f.data,f.layout);});</script>")
+        for i, st in enumerate(data.studies):
+            f1, _, f3 = _study_figs(st)
+            parts.append(f"<h3>{html.escape(st['name'])}</h3>" + _fig_div(f1, f"study-{i}"))
             if f3 is not None:
                 parts.append(_fig_div(f3, f"importance-{i}"))
     if data.knob_speed:
@@ -192,5 +219,5 @@ def build_report(data: ReportData, out_dir) -> Path:
     for e in data.environments:
         parts.append("<tr>" + "".join(f"<td>{html.escape(str(e.get(k, '-')))}</td>" for k in (
             "run", "kind", "started", "git_commit", "nvrtc", "driver", "cuda_python", "bnb", "torch")) + "</tr>")
-    parts.append("</table></body></html>")
+    parts.append(f"</table><script>{_SELF_CHECK}</script></body></html>")
     return atomic_write(out / "index.html", "\n".join(parts))

@@ -114,6 +114,14 @@ def cmd_bench(args) -> int:
     from .gpu import require_gpu
     from .gate import Problem
 
+    if args.runtime and args.exhaustive:
+        raise UserError("--runtime and --exhaustive are separate modes: give one")
+    if args.runtime:
+        return _bench_runtime(args)
+    if not args.shape:
+        raise UserError("give at least one --shape (or --runtime, whose default shapes are the eight of the benchmark)")
+    if args.exhaustive:
+        return _bench_exhaustive(args)
     problems = [Problem(Problem.parse_shape(s), args.dtype, args.quant, args.blocksize) for s in args.shape]
     candidates = _bench_candidates(args)
     gpu = require_gpu()
@@ -147,6 +155,75 @@ def cmd_bench(args) -> int:
     if args.output:
         with open(args.output, "w") as f:
             json.dump([r.to_dict() for r in reports], f)
+    return 0
+
+
+def _write_json(path, payload) -> None:
+    from ._files import atomic_write
+
+    atomic_write(path, json.dumps(payload))
+
+
+def _bench_runtime(args) -> int:
+    from .bench import RUNTIME_SHAPES, bench_runtime_problem, format_runtime, host_overhead, linear4bit_forward
+    from .gate import Problem
+    from .gpu import require_gpu
+
+    shapes = [Problem.parse_shape(s) for s in args.shape] if args.shape else list(RUNTIME_SHAPES)
+    require_gpu()
+    reports = []
+    for i, shape in enumerate(shapes):
+        prob = Problem(tuple(shape), args.dtype, args.quant, args.blocksize)
+        print(f"[{i + 1}/{len(shapes)}] {prob.label()}: runtime against bnb", file=sys.stderr, flush=True)
+        seed = None if args.seed is None else args.seed + i
+        reports.append(bench_runtime_problem(prob, seed=seed, time_cap_s=args.time_cap))
+    print("host time per call...", file=sys.stderr, flush=True)
+    overhead = host_overhead(dtype=args.dtype)
+    linear = None
+    if not args.no_linear:
+        print("Linear4bit(4096, 14336) forward at batch 4096, patched and unpatched...", file=sys.stderr, flush=True)
+        linear = linear4bit_forward(dtype=args.dtype, time_cap_s=args.time_cap)
+    print(format_runtime(reports, overhead, linear), flush=True)
+    if args.output:
+        _write_json(args.output, dict(runtime=[r.to_dict() for r in reports], host_us=overhead, linear4bit=linear))
+    return 0
+
+
+def _bench_exhaustive(args) -> int:
+    from .exhaustive import exhaustive_best
+    from .gate import Problem
+    from .gpu import require_gpu
+    from . import record
+
+    gpu = require_gpu()
+    repo = record.open_repository(args.compare_db) if args.compare_db else None
+    out = []
+    for i, text in enumerate(args.shape):
+        prob = Problem(Problem.parse_shape(text), args.dtype, args.quant, args.blocksize)
+        compare = []
+        if repo is not None:
+            best = repo.best(gpu.name, dict(shape=prob.shape, dtype=prob.dtype, quant=prob.quant,
+                                            blocksize=prob.blocksize))
+            if best is None:
+                raise UserError(f"--compare-db holds no best config of {prob.label()} on {gpu.name}")
+            compare.append(("search best: " + _space.KernelConfig.from_dict(best[0]).short(),
+                            _space.KernelConfig.from_dict(best[0])))
+        seed = None if args.seed is None else args.seed + 1000 * i
+        rep = exhaustive_best(prob, compare=compare, seed=seed, finalists=args.finalists, time_cap_s=args.time_cap,
+                              progress=_progress_printer(f"[{i + 1}/{len(args.shape)}] screen {prob.label()}"))
+        from .bench import format_report
+
+        print(f"{prob.label()}: screened {rep.screened} configs ({rep.failed} failed to load or launch) "
+              f"in {rep.screen_seconds:.0f} s; finalists measured with the full harness:")
+        print(format_report(rep.final), flush=True)
+        best = rep.best()
+        print(f"exhaustive best: {best.label} {best.median_us:.2f} us" if best else "exhaustive best: none valid")
+        for label in rep.compared:
+            r = rep.ratio(label)
+            print(f"{label}: " + (f"{r:.4f}x the exhaustive best's time ({100 * (r - 1):+.2f}%)" if r else "invalid"))
+        out.append(rep.to_dict())
+    if args.output:
+        _write_json(args.output, out)
     return 0
 
 
@@ -349,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "ones interleaved with bnb's dequantize_4bit, bnb's 4-bit kernel alone and "
                                     "a device copy of the output size, L2 flushed before every repetition. "
                                     "Prints a table per problem (us median and IQR, GB/s, %% of copy, x bnb).")
-    bp.add_argument("--shape", action="append", required=True, metavar="RxC", help="weight shape, repeatable")
+    bp.add_argument("--shape", action="append", default=[], metavar="RxC", help="weight shape, repeatable")
     bp.add_argument("--dtype", default="bf16", choices=_space.DTYPES)
     bp.add_argument("--quant", default="nf4", choices=_space.QUANTS)
     bp.add_argument("--blocksize", type=int, default=64, choices=(32, 64, 128, 256, 512, 1024, 2048, 4096))
@@ -368,6 +445,18 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("-o", "--output", default=None, help="also write the JSON reports to this file")
     _add_db_arg(bp, "store the run here (default: $NF4TUNE_DB or ./nf4tune.db; a path means a SQLite file)")
     bp.add_argument("--no-db", action="store_true", help="do not store the run")
+    bp.add_argument("--runtime", action="store_true",
+                    help="benchmark tuner.runtime.dequantize_4bit against bnb's (default shapes: the six targets plus "
+                         "5120x13824 and 11008x4096), its host time per call, and a Linear4bit(4096, 14336) forward "
+                         "at batch 4096 patched against unpatched; not stored")
+    bp.add_argument("--no-linear", action="store_true", help="with --runtime: skip the Linear4bit forward")
+    bp.add_argument("--exhaustive", action="store_true",
+                    help="screen every config of the space for each --shape, then measure the fastest --finalists "
+                         "(and the --compare-db best) with the full harness; not stored")
+    bp.add_argument("--finalists", type=int, default=12, help="with --exhaustive: configs re-measured in full")
+    bp.add_argument("--compare-db", default=None, metavar="URL",
+                    help="with --exhaustive: also measure the best config stored here (a search's) and report "
+                         "its time relative to the exhaustive best")
     bp.set_defaults(func=cmd_bench)
 
     se = sub.add_parser("search", help="optuna search per GPU x problem, every trial stored",

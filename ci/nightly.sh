@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The nightly regression job: `nf4-tune regress` on the visible GPU against the tuning database,
+# then the HTML report, and regress's exit code passed on (0 clean, 1 a confirmed regression or a
+# broken kernel, 2 cannot run). A report that cannot be written fails a clean night (exit 1).
+#
+# Usage: ci/nightly.sh [DB] [REPORT_DIR]
+#   DB          database URL or SQLite path (default: $NF4TUNE_DB, else ./nf4tune.db)
+#   REPORT_DIR  where index.html + plotly.min.js go (default: $NF4TUNE_REPORT_DIR, else ./nightly-report)
+# Environment:
+#   NF4TUNE_CMD          how to call the CLI (default: nf4-tune; e.g. "python3 -m tuner.cli")
+#   NF4TUNE_SKIP_REPORT  1: do not build the report here (a GPU machine without plotly: build it
+#                        elsewhere from the database with `nf4-tune report`)
+set -uo pipefail
+DB=${1:-${NF4TUNE_DB:-nf4tune.db}}
+REPORT=${2:-${NF4TUNE_REPORT_DIR:-nightly-report}}
+read -r -a NF4 <<< "${NF4TUNE_CMD:-nf4-tune}"
+
+echo "nightly: $(date -u +%FT%TZ) regress against $DB"
+"${NF4[@]}" regress --db "$DB"
+rc=$?
+case $rc in
+  0) echo "nightly: clean" ;;
+  1) echo "nightly: a confirmed regression or a broken kernel (exit 1)" ;;
+  2) echo "nightly: regress could not run (exit 2)" ;;
+  *) echo "nightly: regress failed unexpectedly (exit $rc)" ;;
+esac
+
+if [ "${NF4TUNE_SKIP_REPORT:-0}" != 1 ]; then
+  if ! "${NF4[@]}" report --db "$DB" -o "$REPORT"; then
+    echo "nightly: the report could not be written" >&2
+    [ $rc -eq 0 ] && rc=1
+  fi
+fi
+exit $rc
