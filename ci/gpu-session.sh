@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: environment, GPU tests, then benchmarks. Everything lands in
-# $OUT (default ./gpu-out). Usage: bash ci/gpu-session.sh [tests] [bench] [explore]
+# $OUT (default ./gpu-out). Usage: bash ci/gpu-session.sh [tests] [bench] [explore] [search] [runtime]
+# [exhaustive] [fp32probe] [nightly]
 set -uo pipefail
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/.devsite:$PWD PYTHONUNBUFFERED=1
@@ -58,4 +59,29 @@ if want search; then
     done
   done
   $py -m tuner.cli export --db "$OUT/nf4tune.db" -o "$OUT/configs.json" 2>&1 | tee -a "$OUT/search.txt"
+fi
+if want runtime; then
+  # the serving runtime against bnb on eight shapes, its host time per call, Linear4bit patched/unpatched
+  $py -m tuner.cli bench --runtime ${RUNTIME_JSON:+-o "$OUT/runtime.json"} 2>&1 | tee "$OUT/runtime.txt"
+fi
+if want fp32probe; then
+  $py -m tuner.cli bench --dtype fp32 --shape 8192x8192 --shape 4096x4096 --top 8 --preset blog --no-db \
+     --config '{"bytes_per_thread": 2, "unroll": 4, "threads": 256, "lut": "shared", "index": "hoisted"}' \
+     --sweep bytes_per_thread=1,2,4 --sweep unroll=2,4,8 --sweep threads=128,256 2>&1 | tee "$OUT/fp32probe.txt"
+fi
+if want exhaustive; then
+  # every config of the bf16/nf4 space screened, the fastest re-measured in full beside the search's best
+  $py -m tuner.cli compile --dtype bf16 --quant nf4 --quiet 2>&1 | tee -a "$OUT/exhaustive.txt"
+  $py -m tuner.cli bench --exhaustive --shape 4096x4096 --shape 8192x8192 --shape 16384x16384 \
+     --compare-db "${SEARCH_DB:-examples/h200/search.db}" -o "$OUT/exhaustive.json" 2>&1 | tee -a "$OUT/exhaustive.txt"
+fi
+if want nightly; then
+  # the nightly job on a copy of the search database: quiet nights, then a planted slow config
+  cp "${SEARCH_DB:-examples/h200/search.db}" "$OUT/nightly.db"
+  export NF4TUNE_CMD="$py -m tuner.cli" NF4TUNE_SKIP_REPORT=1
+  for night in $(seq 1 ${QUIET_NIGHTS:-3}); do
+    bash ci/nightly.sh "$OUT/nightly.db" 2>&1 | tee -a "$OUT/nightly.txt"; echo "night $night exit ${PIPESTATUS[0]}" | tee -a "$OUT/nightly.txt"
+  done
+  $py ci/plant_slow_config.py --db "$OUT/nightly.db" --shape 8192x8192 --dtype bf16 2>&1 | tee -a "$OUT/nightly.txt"
+  bash ci/nightly.sh "$OUT/nightly.db" 2>&1 | tee -a "$OUT/nightly.txt"; echo "planted night exit ${PIPESTATUS[0]}" | tee -a "$OUT/nightly.txt"
 fi

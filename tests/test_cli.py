@@ -62,7 +62,7 @@ def test_best_and_export_read_the_committed_h200_database(tmp_path, capsys):
     import shutil
     from pathlib import Path
 
-    src = Path(__file__).resolve().parent.parent / "examples" / "h200" / "search-bf16-partial.db"
+    src = Path(__file__).resolve().parent.parent / "examples" / "h200" / "search.db"
     db = tmp_path / "h200.db"
     shutil.copy(src, db)          # connect() may upgrade in place: work on a copy
     assert cli.main(["best", "--shape", "16384x16384", "--db", str(db)]) == 0

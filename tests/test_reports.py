@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tuner import cli
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "h200" / "search-bf16-partial.db"
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "h200" / "search.db"
 
 
 def test_report_is_static_offline_and_shows_every_problem(tmp_path, capsys):
@@ -19,10 +19,11 @@ def test_report_is_static_offline_and_shows_every_problem(tmp_path, capsys):
     # offline: the only script is the local plotly.min.js
     assert re.findall(r"<script src='([^']+)'", page) == ["plotly.min.js"]
     assert "https://cdn" not in page
-    for shape in ("4096x4096", "8192x8192", "16384x16384"):
-        assert f"{shape} bf16 nf4 bs64" in page
-    assert page.count("class='flag-ok'") == 3
-    for div in ("history-0", "study-0", "parcoords-0", "knob-heatmap"):
+    for shape in ("4096x4096", "4096x14336", "14336x4096", "8192x8192", "8192x28672", "16384x16384"):
+        for dtype in ("bf16", "fp16"):
+            assert f"{shape} {dtype} nf4 bs64" in page
+    assert page.count("class='flag-ok'") == 12
+    for div in ("history-0", "study-0", "study-11", "parcoords-0", "importance-0", "knob-heatmap"):
         assert f'id="{div}"' in page
     assert "NVIDIA H200" in page and "0.50.2" in page     # environment table
 

@@ -74,7 +74,7 @@ def test_use_configs_reads_exported_tables_and_databases(tmp_path, monkeypatch):
         import shutil
 
         db = tmp_path / "h200.db"      # a copy: opening a database upgrades its schema in place
-        shutil.copy(Path(__file__).resolve().parent.parent / "examples/h200/search-bf16-partial.db", db)
+        shutil.copy(Path(__file__).resolve().parent.parent / "examples/h200/search.db", db)
         runtime.use_configs(str(db))
         assert runtime.choose_config(GPU, (8192, 8192), "bf16", "nf4", 64).source == "exact"
     finally:

@@ -143,7 +143,7 @@ class PackedLaunch:
         self._f32 = self._vals.view(np.float32)
         self._ptrs = np.array([self._vals.ctypes.data + 8 * i for i in range(self._N_ARGS)], dtype=np.uint64)
         self._params = int(self._ptrs.ctypes.data)
-        self._function = driver.CUfunction(int(kernel.function.handle))
+        self._function = kernel.function.handle      # a CUkernel: cuLaunchKernel takes it as it takes a CUfunction
         self._launch = driver.cuLaunchKernel
         self._ok = driver.CUresult.CUDA_SUCCESS
         self._lock = threading.Lock()
