@@ -85,3 +85,14 @@ if want nightly; then
   $py ci/plant_slow_config.py --db "$OUT/nightly.db" --shape 8192x8192 --dtype bf16 2>&1 | tee -a "$OUT/nightly.txt"
   bash ci/nightly.sh "$OUT/nightly.db" 2>&1 | tee -a "$OUT/nightly.txt"; echo "planted night exit ${PIPESTATUS[0]}" | tee -a "$OUT/nightly.txt"
 fi
+if want quality; then
+  # search quality: fresh 30-trial searches (default sampler) of three problems, then the exhaustive
+  # best of each with the search's best measured beside it in the same process
+  $py -m tuner.cli compile --dtype bf16 --quant nf4 --quiet 2>&1 | tee -a "$OUT/quality.txt"
+  for shape in 4096x4096 8192x8192 16384x16384; do
+    /usr/bin/time -f "search $shape bf16: %e s wall" $py -m tuner.cli search --shape $shape --trials 30 \
+       --db "$OUT/quality.db" 2>&1 | tr '\r' '\n' | grep -v '^\S* bf16 nf4 bs64 \[' | tee -a "$OUT/quality.txt"
+  done
+  $py -m tuner.cli bench --exhaustive --shape 4096x4096 --shape 8192x8192 --shape 16384x16384 \
+     --compare-db "$OUT/quality.db" -o "$OUT/exhaustive.json" 2>&1 | tr '\r' '\n' | grep -v '/9240 (' | tee -a "$OUT/quality.txt"
+fi

@@ -122,6 +122,13 @@ class Repository:
             m, knobs, gname = row
             return json.loads(knobs), m, gname
 
+    def reference_medians(self, gpu_name: str, problem: dict, label: str) -> list[float]:
+        """Every stored median of the reference ``label`` (e.g. bnb) for this GPU model and problem."""
+        with self.db.session() as s:
+            stmt = (select(Measurement.median_us).join(Run, Measurement.run_id == Run.id).join(GPU, Run.gpu_id == GPU.id)
+                    .where(GPU.name == gpu_name, Measurement.label == label, Measurement.median_us.is_not(None)))
+            return [v for (v,) in s.execute(self._problem_filter(stmt, problem))]
+
     def problems(self, gpu_name: Optional[str] = None) -> list[tuple[str, dict]]:
         """(gpu name, problem) pairs that have at least one valid measurement."""
         with self.db.session() as s:

@@ -78,7 +78,7 @@ def test_bad_cuda_inputs_raise_bnbs_kinds(seed):
         runtime.dequantize_4bit(A, qs, out=torch.empty(128, 128, dtype=torch.float16, device="cuda"))
     with pytest.raises(RuntimeError, match="CUDA"):
         runtime.dequantize_4bit(A.cpu(), qs)
-    with pytest.raises(RuntimeError, match="absmax.device"):
+    with pytest.raises(RuntimeError, match="absmax.device"):   # a new quant_state: checked in full
         bad = F.QuantState(absmax=qs.absmax.cpu(), shape=qs.shape, blocksize=64, quant_type="nf4",
                            dtype=torch.bfloat16, offset=qs.offset, state2=qs.state2)
         runtime.dequantize_4bit(A, bad)
@@ -129,5 +129,5 @@ def test_linear4bit_identical_patched_and_unpatched(seed, dtype, batch):
     with runtime.patch_bitsandbytes():
         got = layer(xg)
         got.sum().backward()
-    assert runtime.stats()["calls"] >= calls + 2
+    assert runtime.stats()["calls"] >= calls + 1     # forward (and backward where bnb dequantizes there)
     assert torch.equal(got, want) and torch.equal(xg.grad, gwant)

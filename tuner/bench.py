@@ -291,6 +291,7 @@ def host_overhead(shape=(256, 256), dtype: str = "bf16", calls: int = 3000, roun
         "runtime dequantize_4bit(A, qs, out=out)": lambda: runtime.dequantize_4bit(A, qs, out=out),
         "runtime dequantize_4bit(A, qs)": lambda: runtime.dequantize_4bit(A, qs),
         "bnb dequantize_4bit(A, qs, out=out)": lambda: F.dequantize_4bit(A, qs, out=out),
+        "torch.empty of the output alone (reference)": lambda: torch.empty(qs.shape, dtype=qs.dtype, device="cuda"),
     }
     result = {}
     for name, fn in cases.items():

@@ -179,21 +179,6 @@ def _dtype_name(torch, dtype) -> Optional[str]:
 
 
 _OUT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-_offsets: dict = {}
-
-
-def _offset_value(t) -> float:
-    """The nested mean as a float, read back once per tensor (and again only if it is modified
-    in place): reading a device scalar synchronises, so it must not happen on every call."""
-    key = id(t)
-    hit = _offsets.get(key)
-    if hit is not None and hit[0]() is t and hit[1] == t._version:
-        return hit[2]
-    value = float(t)
-    _offsets[key] = (weakref.ref(t, lambda _r, k=key: _offsets.pop(k, None)), t._version, value)
-    return value
-
-
 @dataclass
 class _Plan:
     launch: object          # tuner.launch.PackedLaunch
@@ -233,22 +218,43 @@ def _build_plan(key, device_index: int, n: int, shape, dtype: str, quant: str, b
     return plan
 
 
-def dequantize_4bit(A, quant_state=None, absmax=None, out=None, blocksize=None, quant_type="fp4"):
-    """bitsandbytes' ``dequantize_4bit`` (same arguments, same result bit for bit) for CUDA tensors,
-    in one launch of the tuned fused kernel. Errors are bnb's kinds: ``ValueError`` for an
-    unsupported blocksize, quant type or dtype, or a mismatched ``out``; ``RuntimeError`` (from
-    ``torch._check``) for tensors not on a CUDA device or a wrong absmax dtype;
-    :class:`UnsupportedInput` (a ``ValueError``) for CUDA inputs this kernel cannot take."""
+@dataclass
+class _Prepared:
+    """A quant_state checked once: its statistics' pointers, the nested offset and the plan.
+    Valid while the quant_state holds the same tensors and attributes (checked per call)."""
+
+    ref: object
+    absmax: object
+    state2: object
+    s2_absmax: object
+    s2_code: object
+    offset: object
+    offset_version: int
+    shape: object
+    dtype: object
+    blocksize: int
+    quant: str
+    device_index: int
+    plan: _Plan
+    ptrs: tuple          # absmax u8, code, absmax2, absmax f32
+    offset_value: float
+
+
+_prepared: dict = {}
+
+
+def _still_valid(p: _Prepared, qs) -> bool:
+    st2 = qs.state2
+    return (p.ref() is qs and qs.absmax is p.absmax and st2 is p.state2 and qs.shape == p.shape
+            and qs.dtype is p.dtype and qs.blocksize == p.blocksize and qs.quant_type == p.quant
+            and (st2 is None or (st2.absmax is p.s2_absmax and st2.code is p.s2_code and qs.offset is p.offset
+                                 and qs.offset._version == p.offset_version)))
+
+
+def _check_attrs(qs):
+    """bnb's checks of a quant_state's blocksize, quant type and dtype (its messages, ValueError)."""
     import torch
 
-    qs = quant_state
-    if qs is None:
-        if absmax is None or out is None:
-            raise ValueError("dequantize_4bit requires both absmax and out when quant_state is not provided")
-        from bitsandbytes.functional import QuantState
-
-        qs = QuantState(absmax=absmax, shape=out.shape, dtype=out.dtype,
-                        blocksize=64 if blocksize is None else blocksize, quant_type=quant_type)
     bs = qs.blocksize
     if bs not in _BLOCKSIZES:
         raise ValueError(f"invalid blocksize {bs}")
@@ -258,13 +264,19 @@ def dequantize_4bit(A, quant_state=None, absmax=None, out=None, blocksize=None, 
     dtype = _dtype_name(torch, qs.dtype)
     if dtype is None:
         raise ValueError(f"Blockwise 4bit dequantization only supports 16/32-bit floats, but got {qs.dtype}")
-    torch._check(A.is_cuda, lambda: f"nf4-tune's dequantize_4bit runs on CUDA tensors, A is on {A.device}")
+    return bs, quant, dtype
+
+
+def _prepare(qs, A) -> _Prepared:
+    """Check ``qs`` as bnb would (and as the kernel needs), build or find the plan."""
+    import torch
+
+    bs, quant, dtype = _check_attrs(qs)
     device = A.device
     state2 = qs.state2
-    nested = state2 is not None
     stats_t = qs.absmax
     torch._check(stats_t.device == device, lambda: f"Expected absmax.device == {device}, got {stats_t.device}")
-    if nested:
+    if state2 is not None:
         groupsize = state2.blocksize
         torch._check(stats_t.dtype == torch.uint8, lambda: f"nested absmax must be uint8, got {stats_t.dtype}")
         torch._check(state2.absmax.dtype == torch.float32 and state2.code.dtype == torch.float32,
@@ -273,55 +285,111 @@ def dequantize_4bit(A, quant_state=None, absmax=None, out=None, blocksize=None, 
                      lambda: f"Expected state2 tensors on {device}")
         if groupsize <= 0 or groupsize & (groupsize - 1):
             raise UnsupportedInput(f"state2.blocksize {groupsize} is not a power of two")
+        if not (stats_t.is_contiguous() and state2.absmax.is_contiguous() and state2.code.is_contiguous()):
+            raise UnsupportedInput("quant_state tensors must be contiguous")
     else:
         groupsize = 256
         torch._check(stats_t.dtype == torch.float32, lambda: f"absmax must be float32, got {stats_t.dtype}")
-
+        if not stats_t.is_contiguous():
+            raise UnsupportedInput("quant_state.absmax must be contiguous")
     shape = qs.shape
     if type(shape) is not torch.Size:
         shape = torch.Size(shape)
-    key = (device.index, shape, dtype, quant, bs, nested, groupsize)
+    key = (device.index, shape, dtype, quant, bs, state2 is not None, groupsize)
     plan = _plans.get(key)
     if plan is None:
         n = math.prod(shape)
         if n < 1:
             raise UnsupportedInput(f"quant_state.shape {tuple(shape)} holds no values")
         plan = _build_plan(key, device.index, n, shape, dtype, quant, bs, groupsize)
-
-    if out is None:
-        out = torch.empty(shape, dtype=qs.dtype, device=device)
+    if stats_t.numel() < plan.nblocks:
+        raise ValueError(f"absmax holds {stats_t.numel()} values, {plan.nblocks} blocks needed")
+    if state2 is not None:
+        if state2.absmax.numel() < plan.ngroups or state2.code.numel() != 256:
+            raise ValueError("state2 holds too few absmax values or a code that is not 256 values")
+        ptrs = (stats_t.data_ptr(), state2.code.data_ptr(), state2.absmax.data_ptr(), 0)
+        offset_value = float(qs.offset)   # a device scalar: read back once per quant_state
+        offset, version = qs.offset, qs.offset._version
     else:
-        if out.shape != shape:
-            raise ValueError(f"Expected out.shape == {list(shape)}, got {out.shape}")
-        if out.dtype != qs.dtype:
-            raise ValueError(f"Expected out.dtype == {qs.dtype}, got {out.dtype}")
-        torch._check(out.device == device, lambda: f"Expected out.device == {device}, got {out.device}")
+        ptrs = (0, 0, 0, stats_t.data_ptr())
+        offset_value, offset, version = 0.0, None, 0
+    p = _Prepared(weakref.ref(qs), stats_t, state2, state2.absmax if state2 is not None else None,
+                  state2.code if state2 is not None else None, offset, version, qs.shape, qs.dtype, bs, quant,
+                  device.index, plan, ptrs, offset_value)
+    key_q = id(qs)
+    _prepared[key_q] = p
+    weakref.finalize(qs, _prepared.pop, key_q, None)
+    return p
+
+
+def dequantize_4bit(A, quant_state=None, absmax=None, out=None, blocksize=None, quant_type="fp4"):
+    """bitsandbytes' ``dequantize_4bit`` (same arguments, same result bit for bit) for CUDA tensors,
+    in one launch of the tuned fused kernel. Errors are bnb's kinds: ``ValueError`` for an
+    unsupported blocksize, quant type or dtype, or a mismatched ``out``; ``RuntimeError`` (as
+    ``torch._check`` raises) for tensors not on a CUDA device or a wrong absmax dtype;
+    :class:`UnsupportedInput` (a ``ValueError``) for CUDA inputs this kernel cannot take.
+
+    The quant_state is checked once and remembered (while it holds the same tensors and
+    attributes); a call then checks A and ``out`` and launches."""
+    qs = quant_state
+    if qs is None:
+        if absmax is None or out is None:
+            raise ValueError("dequantize_4bit requires both absmax and out when quant_state is not provided")
+        from bitsandbytes.functional import QuantState
+
+        qs = QuantState(absmax=absmax, shape=out.shape, dtype=out.dtype,
+                        blocksize=64 if blocksize is None else blocksize, quant_type=quant_type)
+    if not A.is_cuda:
+        _check_attrs(qs)
+        raise RuntimeError(f"nf4-tune's dequantize_4bit runs on CUDA tensors, A is on {A.device}")
+    p = _prepared.get(id(qs))
+    if p is None or not _still_valid(p, qs) or A.get_device() != p.device_index:
+        p = _prepare(qs, A)
+    plan = p.plan
+    idx = p.device_index
+    if out is None:
+        out = _torch_empty(p.shape, dtype=p.dtype, device=A.device)
+    else:
+        if out.shape != p.shape:
+            raise ValueError(f"Expected out.shape == {list(p.shape)}, got {out.shape}")
+        if out.dtype is not p.dtype:
+            raise ValueError(f"Expected out.dtype == {p.dtype}, got {out.dtype}")
+        if out.get_device() != idx:
+            raise RuntimeError(f"Expected out.device == {A.device}, got {out.device}")
         if not out.is_contiguous():
             raise UnsupportedInput("out must be contiguous")
     if not A.is_contiguous():
         A = A.contiguous()
-    if A.numel() * A.element_size() < plan.nbytes_in:
-        raise ValueError(f"A holds {A.numel() * A.element_size()} bytes, {plan.nbytes_in} needed for "
-                         f"quant_state.shape {tuple(shape)}")
-    if stats_t.numel() < plan.nblocks:
-        raise ValueError(f"absmax holds {stats_t.numel()} values, {plan.nblocks} blocks needed")
+    if A.nbytes < plan.nbytes_in:
+        raise ValueError(f"A holds {A.nbytes} bytes, {plan.nbytes_in} needed for quant_state.shape "
+                         f"{tuple(p.shape)}")
     a_ptr, out_ptr = A.data_ptr(), out.data_ptr()
     if a_ptr % plan.load_align or out_ptr % plan.store_align:
         raise UnsupportedInput(f"A or out is not aligned for {plan.choice.config.short()} "
                                f"({plan.load_align}/{plan.store_align} bytes)")
-    if nested:
-        if state2.absmax.numel() < plan.ngroups or state2.code.numel() != 256:
-            raise ValueError("state2 holds too few absmax values or a code that is not 256 values")
-        plan.launch(a_ptr, stats_t.data_ptr(), state2.code.data_ptr(), state2.absmax.data_ptr(), 0,
-                    _offset_value(qs.offset), out_ptr, torch._C._cuda_getCurrentRawStream(device.index))
-    else:
-        plan.launch(a_ptr, 0, 0, 0, stats_t.data_ptr(), 0.0, out_ptr,
-                    torch._C._cuda_getCurrentRawStream(device.index))
+    q = p.ptrs
+    plan.launch(a_ptr, q[0], q[1], q[2], q[3], p.offset_value, out_ptr, _raw_stream(idx))
     _counts["calls"] += 1
     # bnb's shim for the transposed [1, (n+1)//2] packed form
     if A.shape[0] == 1:
         return out.t()
     return out
+
+
+def _torch_empty(*args, **kw):
+    global _torch_empty
+    import torch
+
+    _torch_empty = torch.empty
+    return torch.empty(*args, **kw)
+
+
+def _raw_stream(idx):
+    global _raw_stream
+    import torch
+
+    _raw_stream = torch._C._cuda_getCurrentRawStream
+    return _raw_stream(idx)
 
 
 def explain(A, quant_state) -> Choice:
@@ -342,6 +410,7 @@ class _BnbPatch:
 
         self._undo = []
         self._warned = False
+        self._states = {}
         original = F.dequantize_4bit
         self._original_dequantize = original
 
@@ -371,13 +440,22 @@ class _BnbPatch:
                                        absmax_code=None, absmax_offset=None):
                 import torch
 
-                if absmax_8bit is not None:
-                    state2 = QuantState(absmax=absmax, code=absmax_code, blocksize=256, dtype=torch.float32)
-                    qs = QuantState(absmax=absmax_8bit, shape=torch.Size(shapeB), dtype=A.dtype, blocksize=blocksize,
-                                    quant_type=quant_type, offset=absmax_offset, state2=state2)
-                else:
-                    qs = QuantState(absmax=absmax, shape=torch.Size(shapeB), dtype=A.dtype, blocksize=blocksize,
-                                    quant_type=quant_type)
+                # one QuantState per weight, kept while its tensors live: the runtime then checks
+                # it (and reads the nested offset back) once, not on every forward
+                key = (id(absmax_8bit), id(absmax), id(absmax_code), id(absmax_offset), tuple(shapeB), blocksize,
+                       quant_type, A.dtype)
+                hit = self._states.get(key)
+                qs = hit[1] if hit is not None and all(r() is t for r, t in zip(hit[0], (absmax_8bit, absmax))) else None
+                if qs is None:
+                    if absmax_8bit is not None:
+                        state2 = QuantState(absmax=absmax, code=absmax_code, blocksize=256, dtype=torch.float32)
+                        qs = QuantState(absmax=absmax_8bit, shape=torch.Size(shapeB), dtype=A.dtype,
+                                        blocksize=blocksize, quant_type=quant_type, offset=absmax_offset, state2=state2)
+                    else:
+                        qs = QuantState(absmax=absmax, shape=torch.Size(shapeB), dtype=A.dtype, blocksize=blocksize,
+                                        quant_type=quant_type)
+                    refs = tuple(weakref.ref(t) if t is not None else (lambda: None) for t in (absmax_8bit, absmax))
+                    self._states[key] = (refs, qs)
                 try:
                     B_dq = dequantize_4bit(B, qs)
                 except UnsupportedInput as e:

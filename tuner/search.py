@@ -14,6 +14,7 @@ the CUDA context) or a hung kernel becomes an invalid trial and the search goes 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol
@@ -66,6 +67,33 @@ def params_from_config(c: KernelConfig) -> dict:
     grid = "oneshot" if c.grid == "oneshot" else f"persistent{c.ctas_per_sm}"
     return dict(vector=f"{c.bytes_per_thread}x{c.unroll}", launch=f"t{c.threads}/{grid}", lut=c.lut,
                 index=c.index, store=c.store)
+
+
+def neighbours(c: KernelConfig) -> list[KernelConfig]:
+    """Valid configs one knob step from ``c``, most promising knob first (threads, store, grid,
+    then the vector shape, the LUT and the index arithmetic): the moves of the local refinement
+    that ends a search."""
+    from .space import InvalidConfig
+
+    moves = [dict(threads=t) for t in KNOBS["threads"] if t != c.threads]
+    moves.append(dict(store="streaming" if c.store == "plain" else "plain"))
+    moves += ([dict(grid="oneshot", ctas_per_sm=None)] if c.grid == "persistent" else
+              [dict(grid="persistent", ctas_per_sm=k) for k in (1, 2, 4, 8)])
+    moves += [dict(unroll=c.unroll * 2), dict(unroll=c.unroll // 2),
+              dict(bytes_per_thread=c.bytes_per_thread * 2, unroll=max(1, c.unroll // 2)),
+              dict(bytes_per_thread=c.bytes_per_thread // 2, unroll=c.unroll * 2),
+              dict(bytes_per_thread=c.bytes_per_thread * 2), dict(bytes_per_thread=c.bytes_per_thread // 2)]
+    moves += [dict(lut=l) for l in ("shared", "register", "global", "constant", "branch") if l != c.lut]
+    moves += [dict(index=i) for i in ("hoisted", "shift", "div") if i != c.index]
+    out = []
+    for m in moves:
+        try:
+            n = c.replace(**m)
+        except (InvalidConfig, ValueError, TypeError):
+            continue
+        if n != c and n not in out:
+            out.append(n)
+    return out
 
 
 def study_name(gpu_name: str, problem: Problem) -> str:
@@ -165,6 +193,7 @@ def run_search(problem: Problem, *, repo, storage_url: str, gpu_name: str, run, 
     if not study.get_trials(deepcopy=False):
         # start from known good points: the presets and the best of the nearest tuned problem
         starts = [preset(n, problem.dtype, problem.quant) for n in PRESETS]
+        starts.insert(0, builtin_default(problem.dtype, problem.quant))
         near = nearest_best(repo, gpu_name, problem)
         if near is not None:
             starts.insert(0, near)
@@ -174,10 +203,13 @@ def run_search(problem: Problem, *, repo, storage_url: str, gpu_name: str, run, 
     t0 = time.perf_counter()
     new = measured = 0
     best_us = None
+    bnb_seen: list = []   # bnb's median of each trial measured here: their median is the x-bnb basis
     while True:
         done = len(_finished(study))
         if done >= limit or (timeout is not None and time.perf_counter() - t0 > timeout):
             break
+        if sampler != "grid" and limit - done <= refine_trials(limit):
+            _enqueue_refinement(study, problem)
         trial = study.ask({k: optuna.distributions.CategoricalDistribution(v) for k, v in SEARCH_SPACE.items()})
         config = config_from_params(trial.params, problem.dtype, problem.quant)
         trial.set_user_attr("config", config.to_json())
@@ -212,17 +244,57 @@ def run_search(problem: Problem, *, repo, storage_url: str, gpu_name: str, run, 
             best_us = study.best_value
         except ValueError:
             best_us = None
+        if outcome.bnb_median_us:
+            bnb_seen.append(outcome.bnb_median_us)
         if progress:
-            progress(len(_finished(study)), limit, best_us, outcome.bnb_median_us)
+            progress(len(_finished(study)), limit, best_us, statistics.median(bnb_seen) if bnb_seen else None)
     best = repo.best(gpu_name, pdict)
     best_config = KernelConfig.from_dict(best[0]) if best else None
     blog = repo.measurement_of(gpu_name, pdict, preset("blog", problem.dtype, problem.quant).to_dict(), th)
+    # x bnb against the median of bnb's medians over every trial of this problem (one trial's bnb
+    # median alone varies by more than the kernels being compared)
+    bnb_all = repo.reference_medians(gpu_name, pdict, "bnb dequantize_4bit")
+    bnb_us = statistics.median(bnb_all) if bnb_all else None
     return SearchSummary(problem=problem, study=name, trials=len(_finished(study)), new_trials=new, measured=measured,
                          best_config=best_config, best_us=best[1].median_us if best else None,
                          best_result=dict(median_us=best[1].median_us, gbps=best[1].gbps, pct_copy=best[1].pct_copy,
-                                          speedup=best[1].speedup) if best else None,
+                                          speedup=(bnb_us / best[1].median_us) if best and bnb_us else None,
+                                          speedup_same_trial=best[1].speedup) if best else None,
                          blog_us=blog.median_us if blog is not None and blog.status == "ok" else None,
                          seconds=time.perf_counter() - t0)
+
+
+def refine_trials(n_trials: int) -> int:
+    """How many of a search's last trials are local refinement around the best (a third)."""
+    return n_trials // 3
+
+
+def builtin_default(dtype: str, quant: str) -> KernelConfig:
+    """The runtime's built-in default for the dtype: the family the H200 searches found best."""
+    from .runtime import BUILTIN_DEFAULTS
+
+    return KernelConfig.from_dict(dict(BUILTIN_DEFAULTS[dtype], dtype=dtype, quant=quant))
+
+
+def _enqueue_refinement(study, problem: Problem) -> None:
+    """Queue the first untried neighbour of the study's best config (greedy local search: the
+    next call sees the new best if this one wins)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    tried = {tuple(sorted(t.params.items())) for t in trials if t.params}
+    tried |= {tuple(sorted(t.system_attrs.get("fixed_params", {}).items())) for t in trials
+              if t.state == TrialState.WAITING}
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+    if not done:
+        return
+    best = min(done, key=lambda t: t.value)
+    c = config_from_params(best.params, problem.dtype, problem.quant)
+    for n in neighbours(c):
+        p = params_from_config(n)
+        if tuple(sorted(p.items())) not in tried:
+            study.enqueue_trial(p, skip_if_exists=True)
+            return
 
 
 def _distance(a: dict, b: Problem) -> float:
