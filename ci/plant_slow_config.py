@@ -15,8 +15,6 @@ import argparse
 import json
 import sys
 
-from sqlalchemy import select
-
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -30,25 +28,17 @@ def main(argv=None) -> int:
     p.add_argument("--max", type=float, default=1.6, help="slowest/fastest ratio at most")
     a = p.parse_args(argv)
 
-    from db._models import GPU, Environment, KernelConfigRow, Measurement, Run
-    from tuner import record
-    from tuner.gate import Problem
+    from tuner.measure.record import open_repository
+    from tuner.vocabulary import Problem
 
-    repo = record.open_repository(a.db)
-    prob = dict(shape=Problem.parse_shape(a.shape), dtype=a.dtype, quant=a.quant, blocksize=a.blocksize)
+    repo = open_repository(a.db)
+    prob = Problem(Problem.parse_shape(a.shape), a.dtype, a.quant, a.blocksize)
     best = repo.best(a.gpu, prob)
     if best is None:
-        print(f"no stored best for {a.shape} {a.dtype} on {a.gpu}", file=sys.stderr)
+        print(f"no stored best for {prob.label()} on {a.gpu}", file=sys.stderr)
         return 1
     best_knobs, best_m, _ = best
-    with repo.db.session() as s:
-        rows = s.execute(select(Measurement, KernelConfigRow, Run).join(Run, Measurement.run_id == Run.id)
-                         .join(GPU, Run.gpu_id == GPU.id)
-                         .join(KernelConfigRow, Measurement.config_id == KernelConfigRow.id)
-                         .where(GPU.name == a.gpu, Measurement.status == "ok",
-                                Measurement.shape == "x".join(map(str, prob["shape"])),
-                                Measurement.dtype == a.dtype, Measurement.quant == a.quant,
-                                Measurement.blocksize == a.blocksize)).all()
+    rows = repo.config_measurements(a.gpu, prob)
     picks = sorted(((m.median_us / best_m.median_us, m, c, r) for m, c, r in rows
                     if a.min <= m.median_us / best_m.median_us <= a.max and (m.speedup or 0) > 1.0),
                    key=lambda t: t[0])
@@ -57,18 +47,17 @@ def main(argv=None) -> int:
         return 1
     ratio, m, c, r = picks[len(picks) // 2]
     knobs = json.loads(c.knobs)
-    with repo.db.session() as s:   # the planted run claims the GPU and environment of the measured one
-        gpu_row, env_row = s.get(GPU, r.gpu_id), s.get(Environment, r.environment_id)
+    gpu_row, env_row = repo.run_context(r.id)   # the planted run claims the GPU and environment of the measured one
     planted = repo.start_run("bench", gpu_row, env_row,
                              command="ci/plant_slow_config.py " + " ".join(sys.argv[1:] if argv is None else argv))
     fake = best_m.median_us / 2
     repo.add_measurement(planted, prob, dict(label=f"PLANTED (deliberately slow, fake time): {m.label}"[:128],
                                              status="ok", reason="planted by ci/plant_slow_config.py",
                                              median_us=fake, samples_us=[fake], speedup_vs_bnb=None),
-                         repo.config(knobs, c.template_hash))
+                         repo.config(knobs, c.template_hash, c.family))
     repo.finish_run(planted)
     print(f"planted {m.label} (measured {m.median_us:.2f} us = {ratio:.2f}x the best {best_m.median_us:.2f} us) "
-          f"as the best of {a.shape} {a.dtype} (run {planted.id})")
+          f"as the best of {prob.label()} (run {planted.id})")
     return 0
 
 

@@ -1,4 +1,7 @@
-"""The tables (SQLAlchemy 2 declarative models). Schema changes go through an Alembic revision."""
+"""The tables (SQLAlchemy 2 declarative models). Schema changes go through an Alembic revision.
+
+A problem (tuner.vocabulary.Problem) is stored as columns: family, shape ("4096x4096"), dtype,
+quant, blocksize and m (the matmul family's batch bucket; NULL for dequant)."""
 
 from __future__ import annotations
 
@@ -52,6 +55,7 @@ class KernelConfigRow(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     knobs: Mapped[str] = mapped_column(Text)            # canonical JSON (sorted keys)
     template_hash: Mapped[str] = mapped_column(String(64))
+    family: Mapped[str] = mapped_column(String(32), default="dequant", server_default="dequant")
 
 
 class Run(Base):
@@ -76,10 +80,12 @@ class Measurement(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
     config_id: Mapped[Optional[int]] = mapped_column(ForeignKey("kernel_configs.id"), nullable=True, index=True)
     label: Mapped[str] = mapped_column(String(128))     # the config's label, or a reference's name
+    family: Mapped[str] = mapped_column(String(32), default="dequant", server_default="dequant")
     shape: Mapped[str] = mapped_column(String(64))      # "4096x4096"
     dtype: Mapped[str] = mapped_column(String(8))
     quant: Mapped[str] = mapped_column(String(8))
     blocksize: Mapped[int] = mapped_column(Integer)
+    m: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)   # the matmul family's batch bucket
     status: Mapped[str] = mapped_column(String(16))     # ok, invalid, reference
     reason: Mapped[str] = mapped_column(Text, default="")
     samples_us: Mapped[list] = mapped_column(JSON, default=list)
@@ -107,11 +113,13 @@ class Flag(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
     measurement_id: Mapped[Optional[int]] = mapped_column(ForeignKey("measurements.id"), nullable=True)
+    family: Mapped[str] = mapped_column(String(32), default="dequant", server_default="dequant")
     shape: Mapped[str] = mapped_column(String(64))
     dtype: Mapped[str] = mapped_column(String(8))
     quant: Mapped[str] = mapped_column(String(8))
     blocksize: Mapped[int] = mapped_column(Integer)
-    flag: Mapped[str] = mapped_column(String(32))       # ok, suspicious, regression, regression-vs-bnb, broken, invalid-environment
+    m: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
+    flag: Mapped[str] = mapped_column(String(32))       # one of tuner.vocabulary.FLAGS
     speedup: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
     baseline_speedup: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
     drop: Mapped[Optional[float]] = mapped_column(Float, nullable=True)

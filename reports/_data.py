@@ -1,12 +1,12 @@
-"""Get the data: everything the report shows, as plain Python values."""
+"""Get the data: everything the report shows, as plain Python values (read through db.Repository)."""
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
+from tuner.families import FAMILIES
+from tuner.vocabulary import speedup
 
 
 @dataclass
@@ -19,66 +19,54 @@ class ReportData:
     flags: list = field(default_factory=list)        # every nightly verdict, oldest first
 
 
-def _label(m) -> str:
-    return f"{m.shape} {m.dtype} {m.quant} bs{m.blocksize}"
+def _peer_label(problem) -> str:
+    fam = FAMILIES.get(problem.family)
+    return fam.peer_label if fam else "bnb"
 
 
 def collect(repo, storage_url: str = None) -> ReportData:
-    """Read the report's data out of ``repo`` (and the optuna studies at ``storage_url``)."""
-    from db._models import GPU, Environment, Flag, KernelConfigRow, Measurement, Run
-
+    """Read the report's data out of ``repo`` (and its optuna studies)."""
     data = ReportData()
-    with repo.db.session() as s:
-        rows = s.execute(select(Measurement, Run, GPU, KernelConfigRow.knobs)
-                         .join(Run, Measurement.run_id == Run.id).join(GPU, Run.gpu_id == GPU.id)
-                         .outerjoin(KernelConfigRow, Measurement.config_id == KernelConfigRow.id)
-                         .order_by(Measurement.id)).all()
-        envs = {e.id: e for e in s.scalars(select(Environment))}
-        runs = list(s.scalars(select(Run).order_by(Run.id)))
-        flag_rows = s.execute(select(Flag, GPU.name, Measurement.median_us, Measurement.bnb_median_us,
-                                     KernelConfigRow.knobs)
-                              .join(Run, Flag.run_id == Run.id).join(GPU, Run.gpu_id == GPU.id)
-                              .outerjoin(Measurement, Flag.measurement_id == Measurement.id)
-                              .outerjoin(KernelConfigRow, Measurement.config_id == KernelConfigRow.id)
-                              .order_by(Flag.id)).all()
+    rows = repo.report_rows()
     latest_flag: dict = {}
     flags_by_run: dict = {}
-    for f, gname, tuned_us, bnb_us, knobs in flag_rows:
-        label = f"{f.shape} {f.dtype} {f.quant} bs{f.blocksize}"
-        row = dict(gpu=gname, problem=label, run=f.run_id, flag=f.flag, tuned_us=tuned_us, bnb_us=bnb_us,
-                   speedup=f.speedup, baseline_speedup=f.baseline_speedup, drop=f.drop, threshold=f.threshold,
-                   p_value=f.p_value, changes=f.changes or {}, reason=f.reason,
-                   config=json.loads(knobs) if knobs else None)
+    for f in rows["flags"]:
+        label = f["problem"].label()
+        row = dict(f, problem=label)
         data.flags.append(row)
-        latest_flag[(gname, label)] = row
-        flags_by_run[(gname, label, f.run_id)] = row
+        latest_flag[(f["gpu"], label)] = row
+        flags_by_run[(f["gpu"], label, f["run"])] = row
     per_problem: dict = {}
-    for m, run, gpu, knobs in rows:
-        key = (gpu.name, _label(m))
-        per_problem.setdefault(key, []).append((m, run, knobs))
-    for (gname, label), items in sorted(per_problem.items()):
-        ok = [(m, r, k) for m, r, k in items if m.status == "ok" and k]
-        bnb = [m for m, _, _ in items if m.label == "bnb dequantize_4bit" and m.median_us]
-        best = min(ok, key=lambda t: t[0].median_us) if ok else None
-        invalid = sum(1 for m, _, _ in items if m.status == "invalid")
+    for m in rows["measurements"]:
+        per_problem.setdefault((m["gpu"], m["problem"]), []).append(m)
+    for (gname, problem), items in sorted(per_problem.items(), key=lambda kv: (kv[0][0], kv[0][1].sort_key())):
+        label = problem.label()
+        peer = _peer_label(problem)
+        ok = [m for m in items if m["status"] == "ok" and m["config"]]
+        bnb = [m for m in items if m["label"] == peer and m["median_us"]]
+        best = min(ok, key=lambda m: m["median_us"]) if ok else None
+        bnb_us = statistics.median(b["median_us"] for b in bnb) if bnb else None
+        invalid = sum(1 for m in items if m["status"] == "invalid")
         data.overview.append(dict(
-            gpu=gname, problem=label, best_us=best[0].median_us if best else None,
-            bnb_us=statistics.median(b.median_us for b in bnb) if bnb else None,
-            # against the median of every bnb measurement of the problem: one trial's bnb
+            gpu=gname, problem=label, family=problem.family, best_us=best["median_us"] if best else None,
+            bnb_us=bnb_us,
+            # against the median of every peer measurement of the problem: one trial's peer
             # median alone varies more than the kernels compared
-            speedup=(statistics.median(b.median_us for b in bnb) / best[0].median_us) if best and bnb else None,
-            pct_copy=best[0].pct_copy if best else None,
-            config=json.loads(best[2]) if best else None, measured=len(ok), invalid=invalid,
-            status="ok" if best and bnb and best[0].median_us <= statistics.median(b.median_us for b in bnb) else ("no valid config" if not best else "slower than bnb"),
+            speedup=speedup(bnb_us, best["median_us"]) if best else None,
+            pct_copy=best["pct_copy"] if best else None,
+            config=best["config"] if best else None, measured=len(ok), invalid=invalid,
+            status="ok" if best and bnb_us and best["median_us"] <= bnb_us else (
+                "no valid config" if not best else "slower than bnb"),
             nightly=latest_flag.get((gname, label))))
         points = {}
-        for m, r, k in ok:
-            p = points.setdefault(r.id, dict(run=r.id, kind=r.kind, started=str(r.started_at), tuned_us=None, iqr=None))
-            if p["tuned_us"] is None or m.median_us < p["tuned_us"]:
-                p["tuned_us"], p["iqr"] = m.median_us, m.iqr_us
-        for m, r, _ in items:
-            if m.label == "bnb dequantize_4bit" and r.id in points:
-                points[r.id]["bnb_us"] = m.median_us
+        for m in ok:
+            p = points.setdefault(m["run"], dict(run=m["run"], kind=m["run_kind"], started=str(m["started"]),
+                                                 tuned_us=None, iqr=None))
+            if p["tuned_us"] is None or m["median_us"] < p["tuned_us"]:
+                p["tuned_us"], p["iqr"] = m["median_us"], m["iqr_us"]
+        for m in items:
+            if m["label"] == peer and m["run"] in points:
+                points[m["run"]]["bnb_us"] = m["median_us"]
         for run_id, p in points.items():
             f = flags_by_run.get((gname, label, run_id))
             if f is not None:
@@ -86,34 +74,32 @@ def collect(repo, storage_url: str = None) -> ReportData:
                 if f["tuned_us"] is not None:   # the nightly point is the judged measurement
                     p["tuned_us"] = f["tuned_us"]
         data.history[(gname, label)] = [points[k] for k in sorted(points)]
-        for m, _, k in ok:
-            for knob, value in json.loads(k).items():
+        for m in ok:
+            for knob, value in m["config"].items():
                 if knob in ("dtype", "quant"):
                     continue
-                data.knob_speed.append((label, knob, str(value), m.median_us))
-    for r in runs:
-        e = envs.get(r.environment_id)
-        data.environments.append(dict(run=r.id, kind=r.kind, started=str(r.started_at), ended=str(r.ended_at),
-                                      **({k: getattr(e, k) for k in ("project_version", "git_commit", "nvrtc",
-                                                                      "driver", "cuda_python", "bnb", "torch")}
-                                         if e else {})))
-    if storage_url:
-        data.studies = _studies(storage_url)
+                data.knob_speed.append((label, knob, str(value), m["median_us"]))
+    for r in rows["runs"]:
+        data.environments.append(dict(r, started=str(r["started"]), ended=str(r["ended"])))
+    data.studies = _studies(repo)
     return data
 
 
-def _studies(url: str) -> list:
+def _studies(repo) -> list:
     import optuna
     from optuna.trial import TrialState
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     out = []
     try:
-        summaries = optuna.get_all_study_summaries(storage=url)
+        storage = repo.db.optuna_storage()
+        if storage is None:
+            return out
+        summaries = optuna.get_all_study_summaries(storage=storage)
     except Exception:  # a database without optuna tables holds no studies
         return out
     for summ in summaries:
-        study = optuna.load_study(study_name=summ.study_name, storage=url)
+        study = optuna.load_study(study_name=summ.study_name, storage=storage)
         trials = []
         for t in study.get_trials(deepcopy=False):
             if t.state not in (TrialState.COMPLETE, TrialState.FAIL):

@@ -117,7 +117,7 @@ _SELF_CHECK = ("window.addEventListener('load',function(){setTimeout(function(){
                "return d.querySelector('.main-svg')!==null;}).length:0;"
                "b.dataset.errors=JSON.stringify(window.__nf4tuneErrors);b.dataset.checked='1';},500);});")
 
-from tuner.regress import FAILING_FLAGS as _FAILING   # the flags that fail a night
+from tuner.vocabulary import FAILING_FLAGS as _FAILING   # the flags that fail a night
 
 
 def _flag_class(flag) -> str:

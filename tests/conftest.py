@@ -5,7 +5,7 @@ import pytest
 
 
 def pytest_collection_modifyitems(config, items):
-    from tuner.gpu import gpu_available
+    from tuner.kernel.gpu import gpu_available
 
     if gpu_available():
         return

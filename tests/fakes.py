@@ -3,7 +3,7 @@
 import os
 import time
 
-from tuner.search import TrialOutcome
+from tuner.tune.trial import TrialOutcome
 
 
 def synthetic_us(config) -> float:

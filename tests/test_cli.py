@@ -1,41 +1,59 @@
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
 from tuner import cli
-from tuner.gpu import gpu_available
+from tuner.families import DEQUANT
+from tuner.kernel.gpu import gpu_available
 
 
-def test_help_lists_subcommands(capsys):
+def test_help_lists_subcommands_and_exit_codes(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    for sub in ("space", "compile", "bench"):
+    for sub in ("space", "compile", "bench", "search", "best", "export", "regress", "report"):
         assert sub in out
+    assert "exit codes:" in out and "130" in out
+
+
+@pytest.mark.parametrize("sub", ["space", "compile", "bench", "search", "best", "export", "regress", "report"])
+def test_every_subcommand_help_renders_without_format_codes(sub, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([sub, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "%%" not in out and "exit codes:" in out
+
+
+def test_version(capsys):
+    from tuner import __version__
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"nf4-tune {__version__}"
 
 
 def test_console_script_is_installed():
     r = subprocess.run([sys.executable, "-m", "tuner.cli", "space", "--json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    from tuner.space import space_size
-    assert data["size"] == space_size()
+    assert data["size"] == DEQUANT.space_size()
     assert set(data["presets"]) == {"blog", "bnb-like"}
 
 
 def test_space_prints_knobs_and_count(capsys):
     assert cli.main(["space", "--dtype", "bf16", "--quant", "nf4"]) == 0
     out = capsys.readouterr().out
-    from tuner.space import space_size
-    assert f"configurations: {space_size(['bf16'], ['nf4'])}" in out
+    assert f"configurations: {DEQUANT.space_size(dtype=['bf16'], quant=['nf4'])}" in out
     assert "lut" in out and "constraints" in out
 
 
-def test_no_command_prints_help_and_fails(capsys):
-    assert cli.main([]) == 1
+def test_no_command_prints_help_and_is_a_usage_error(capsys):
+    assert cli.main([]) == 2
 
 
 @pytest.mark.skipif(gpu_available(), reason="checks the no-GPU message")
@@ -45,39 +63,125 @@ def test_bench_without_gpu_says_so_and_exits_2(capsys):
     assert "no CUDA GPU" in err
 
 
-def test_bad_shape_and_bad_config_exit_1(capsys):
-    assert cli.main(["bench", "--shape", "12xq"]) == 1
-    assert "not ROWSxCOLS" in capsys.readouterr().err
-    assert cli.main(["bench", "--shape", "64x64", "--config", '{"lut": "texture"}']) == 1
-    assert "lut" in capsys.readouterr().err
+def test_bad_input_is_one_line_and_exit_2_before_any_gpu_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:           # argparse: the shape type
+        cli.main(["bench", "--shape", "12xq"])
+    assert e.value.code == 2 and "not ROWSxCOLS" in capsys.readouterr().err
+    cases = [
+        (["bench", "--shape", "64x64", "--config", '{"lut": "texture"}'], "lut"),
+        (["bench", "--shape", "64x64", "--config", "{"], "--config '{' is not valid JSON"),
+        (["bench", "--shape", "64x64", "--config", "@" + str(tmp_path / "nope.json")], "cannot read"),
+        (["bench", "--shape", "64x64", "--sweep", "threads=96"], "threads=96 is not one of"),
+        (["bench", "--shape", "64x64", "--sweep", "warps=2"], "unknown knob"),
+        (["bench", "--shape", "64x64", "--m", "8"], "--m is for the matmul family"),
+    ]
+    for argv, message in cases:
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, (argv, err)
 
 
-def test_compile_refuses_unknown_arch():
-    with pytest.raises(SystemExit) as e:
-        cli.main(["compile", "--arch", "sm_75"])
-    assert e.value.code == 2
+def test_config_from_a_file(tmp_path, capsys, monkeypatch):
+    from tuner.cli.bench import candidates_from_args
+
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps({"threads": 128, "unroll": 4}))
+    args = cli.build_parser().parse_args(["bench", "--shape", "64x64", "--config", f"@{f}"])
+    (label, c), = candidates_from_args(args, DEQUANT, dict(dtype="bf16", quant="nf4"))
+    assert c.threads == 128 and c.unroll == 4
 
 
-def test_best_and_export_read_the_committed_h200_database(tmp_path, capsys):
+def test_argument_checks(tmp_path, capsys):
+    for argv in (["compile", "--workers", "0"], ["compile", "--workers", "-3"], ["best", "--shape", "64x64",
+                                                                              "--blocksize", "65"]):
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+        assert e.value.code == 2
+    capsys.readouterr()
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert cli.main(["compile", "--arch", "sm_90", "--cache", str(f)]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    assert cli.main(["compile", "--arch", "sm_70"]) == 2
+    assert "unsupported arch" in capsys.readouterr().err
+    if not gpu_available():
+        assert cli.main(["compile"]) == 2
+        assert "pass --arch" in capsys.readouterr().err
+
+
+def _h200_copy(tmp_path):
     import shutil
     from pathlib import Path
 
     src = Path(__file__).resolve().parent.parent / "examples" / "h200" / "search.db"
     db = tmp_path / "h200.db"
-    shutil.copy(src, db)          # connect() may upgrade in place: work on a copy
+    shutil.copy(src, db)
+    return db
+
+
+def test_best_and_export_read_the_committed_h200_database_without_changing_it(tmp_path, capsys):
+    db = _h200_copy(tmp_path)
+    before = db.read_bytes()
     assert cli.main(["best", "--shape", "16384x16384", "--db", str(db)]) == 0
     best = json.loads(capsys.readouterr().out)
     assert best["gpu"] == "NVIDIA H200" and best["config"]["lut"] in ("shared", "register")
     assert 100 < best["median_us"] < 400 and best["speedup_vs_bnb"] > 1
     out = tmp_path / "configs.json"
     assert cli.main(["export", "--db", str(db), "-o", str(out)]) == 0
-    entries = json.loads(out.read_text())["entries"]
-    assert {tuple(e["shape"]) for e in entries} >= {(4096, 4096), (8192, 8192), (16384, 16384)}
-    assert cli.main(["best", "--shape", "1234x5678", "--db", str(db)]) == 1
+    data = json.loads(out.read_text())
+    assert data["format"] == 2
+    assert {tuple(e["shape"]) for e in data["entries"]} >= {(4096, 4096), (8192, 8192), (16384, 16384)}
+    assert {e["family"] for e in data["entries"]} == {"dequant"}
+    assert cli.main(["best", "--shape", "1234x5678", "--db", str(db)]) == 2
     assert "no valid measurement" in capsys.readouterr().err
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["configs.json", "h200.db"]
+
+
+def test_read_only_commands_never_create_a_database(tmp_path, capsys):
+    missing = tmp_path / "serch.db"
+    out = tmp_path / "c.json"
+    for argv in (["best", "--shape", "64x64"], ["export", "-o", str(out)], ["report", "-o", str(tmp_path / "site")]):
+        assert cli.main(argv + ["--db", str(missing)]) == 2
+        err = capsys.readouterr().err
+        assert "no database at" in err and str(missing) in err
+    empty = tmp_path / "zero.db"
+    empty.write_bytes(b"")
+    assert cli.main(["best", "--shape", "64x64", "--db", str(empty)]) == 2
+    assert "empty" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["zero.db"] and empty.read_bytes() == b""
+
+
+def test_export_refuses_what_is_not_a_regular_file(tmp_path, capsys):
+    db = _h200_copy(tmp_path)
+    (tmp_path / "adir").mkdir()
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+    cases = [(str(tmp_path / "adir"), "folder"), (str(afile / "x.json"), "not a folder"),
+             ("/dev/null", "not a regular file")]
+    for target, message in cases:
+        assert cli.main(["export", "--db", str(db), "-o", target]) == 2, target
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert afile.read_text() == "keep"
+    # a symlink is followed to its regular file, and stays a symlink
+    target = tmp_path / "real.json"
+    target.write_text("{}")
+    link = tmp_path / "link.json"
+    os.symlink(target, link)
+    assert cli.main(["export", "--db", str(db), "-o", str(link)]) == 0
+    assert link.is_symlink() and json.loads(target.read_text())["format"] == 2
+    dangling = tmp_path / "dangling.json"
+    os.symlink(tmp_path / "adir", dangling)
+    assert cli.main(["export", "--db", str(db), "-o", str(dangling)]) == 2
+    assert cli.main(["report", "--db", str(db), "-o", str(afile)]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
 
 
 def test_export_of_an_empty_database_fails_and_writes_nothing(tmp_path, capsys):
+    from db import Repository, connect
+
+    Repository(connect(str(tmp_path / "empty.db")))
     out = tmp_path / "c.json"
-    assert cli.main(["export", "--db", str(tmp_path / "empty.db"), "-o", str(out)]) == 1
+    assert cli.main(["export", "--db", str(tmp_path / "empty.db"), "-o", str(out)]) == 2
     assert not out.exists()

@@ -4,9 +4,11 @@ import pytest
 import sqlalchemy as sa
 
 from db import Repository, connect, resolve_url
-from db._engine import DatabaseError, current_revision, make_engine, upgrade
+from db._engine import DatabaseError, current_revision, head_revision, make_engine, upgrade
+from tuner.vocabulary import Problem
 
-PROBLEM = dict(shape=(4096, 4096), dtype="bf16", quant="nf4", blocksize=64)
+PROBLEM = Problem((4096, 4096), "bf16", "nf4", 64)
+MATMUL = Problem((4096, 4096), "bf16", "nf4", 64, "matmul", 8)
 
 
 def _fill(repo):
@@ -32,12 +34,19 @@ def test_repository_round_trip(db_url):
     assert knobs == {"lut": "shared", "threads": 128} and m.median_us == 13.5 and gname == "NVIDIA H200"
     assert m.samples_us == [13.4, 13.6]
     assert repo.problems() == [("NVIDIA H200", PROBLEM)]
+    # a problem of another family (same shape, dtype, quant, blocksize) is another problem
+    assert repo.best(None, MATMUL) is None
+    mm = repo.config({"warps": 4}, "h2", "matmul")
+    repo.add_measurement(run, MATMUL, dict(label="mm", status="ok", median_us=9.0, samples_us=[9.0]), mm)
+    assert repo.best(None, MATMUL)[0] == {"warps": 4} and repo.best(None, PROBLEM)[1].median_us == 13.5
+    assert [p for _, p in repo.problems()] == [PROBLEM, MATMUL]
+    assert repo.problems(family="matmul") == [("NVIDIA H200", MATMUL)]
     assert repo.measurement_of("NVIDIA H200", PROBLEM, {"threads": 64, "lut": "global"}, "h1").median_us == 21.0
     assert repo.measurement_of("Other GPU", PROBLEM, {"threads": 64, "lut": "global"}, "h1") is None
     assert repo.runs("bench")[0].ended_at is not None
     # get-or-create does not duplicate
     assert repo.gpu("NVIDIA H200", "9.0", 132, 150_000_000_000, 60 << 20).id == gpu.id
-    assert len(repo.measurements(run.id)) == 3
+    assert len(repo.measurements(run.id)) == 4
     with pytest.raises(ValueError):
         repo.start_run("nightly", gpu, repo.environment(project_version="0.1", git_commit="abc", nvrtc="13.0",
                                                         driver="13.0", cuda_python="1.2", bnb="0.50.2", torch="2.11"))
@@ -53,12 +62,14 @@ def test_an_older_schema_is_upgraded_in_place(db_url):
                           "VALUES ('Old GPU', '8.0', 108, 1, 1)"))
     engine.dispose()
     db = connect(url)                      # upgrades to head, keeps the row
-    assert current_revision(db.engine) == "0003"
+    assert current_revision(db.engine) == head_revision() == "0004"
     with db.engine.connect() as c:
         assert c.execute(sa.text("SELECT name FROM gpus")).scalar_one() == "Old GPU"
         cols = {col["name"] for col in sa.inspect(c).get_columns("measurements")}
         tables = set(sa.inspect(c).get_table_names())
-    assert "registers" in cols and "flags" in tables
+    assert {"registers", "family", "m"} <= cols and "flags" in tables
+    repo = Repository(db)
+    assert repo.problems() == []
 
 
 def test_default_url_and_env_override(monkeypatch, tmp_path):
@@ -82,3 +93,31 @@ def test_unreadable_database_is_a_clear_error(tmp_path):
     bad.write_bytes(b"this is not a database" * 100)
     with pytest.raises(DatabaseError, match="cannot open"):
         connect(str(bad))
+
+
+def test_read_only_never_creates_or_alters_a_database(tmp_path):
+    missing = tmp_path / "serch.db"
+    with pytest.raises(DatabaseError, match="no database at"):
+        connect(str(missing), read_only=True)
+    assert not missing.exists()
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    with pytest.raises(DatabaseError, match="empty"):
+        connect(str(empty), read_only=True)
+    assert empty.read_bytes() == b""
+    # an older schema is read through an upgraded in-memory copy; the file is untouched
+    old = tmp_path / "old.db"
+    engine = make_engine(resolve_url(str(old)))
+    upgrade(engine, "0003")
+    engine.dispose()
+    before = old.read_bytes()
+    listing = sorted(p.name for p in tmp_path.iterdir())
+    repo = Repository(connect(str(old), read_only=True))
+    assert repo.problems() == [] and repo.report_rows()["runs"] == []
+    repo.db.dispose()
+    assert old.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == listing
+
+
+def test_a_missing_driver_is_one_line_naming_the_package():
+    with pytest.raises(DatabaseError, match="pip install mysqlclient"):
+        connect("mysql://u@h/d")

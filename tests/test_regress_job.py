@@ -1,4 +1,4 @@
-"""The nightly job's orchestration (tuner.regress.run_regress) against a real database, with a
+"""The nightly job's orchestration (tuner.track.nightly.run_regress) against a real database, with a
 test double for the GPU measurement; and `nf4-tune regress`'s exit codes."""
 
 import random
@@ -6,16 +6,19 @@ import random
 import pytest
 
 from tuner import cli
-from tuner.bench import REF_BNB, BenchResult, ProblemReport
-from tuner.gpu import GPUInfo
-from tuner.regress import run_regress
-from tuner.space import preset
+from tuner.cli.regress import format_regress
+from tuner.families import DEQUANT
+from tuner.families.dequant import REF_BNB
+from tuner.kernel.gpu import GPUInfo
+from tuner.measure.bench import BenchResult, ProblemReport
+from tuner.track.nightly import run_regress
+from tuner.vocabulary import Problem
 from db import Repository, connect
 
 GPU = GPUInfo("NVIDIA H200", "sm_90", (9, 0), 132, 62914560, 150 << 30, "580.1")
 ENV = dict(project_version="0.1.0", git_commit="abc", nvrtc="13.0", driver="580.1", cuda_python="x", bnb="0.50.2",
            torch="2.11")
-BEST = preset("blog").replace(unroll=4, threads=128, index="hoisted")
+BEST = DEQUANT.preset("blog", dtype="bf16", quant="nf4").replace(unroll=4, threads=128, index="hoisted")
 
 
 class FakeMeasure:
@@ -44,21 +47,20 @@ class FakeMeasure:
             r = BenchResult(label, config.to_dict(), "ok", "", med, 0.1, tuned, 3000.0, 80.0, bmed / med)
         ref = BenchResult(REF_BNB, None, "reference", "", bmed, 0.1, bnb, 1500.0, 40.0, 1.0)
         state = dict(gpu_name=GPU.name, sm_clock_mhz=1980, max_sm_clock_mhz=1980, temperature_c=50)
-        return ProblemReport(problem=dict(shape=problem.shape, dtype=problem.dtype, quant=problem.quant,
-                                          blocksize=problem.blocksize),
-                             bytes_moved=1, copy_gbps=4000.0, results=[ref, r], gpu_before=state, gpu_after=state,
-                             seed=0)
+        return ProblemReport(problem=problem.to_dict(), bytes_moved=1, copy_gbps=4000.0, results=[ref, r],
+                             gpu_before=state, gpu_after=state, seed=0, peer_label=REF_BNB,
+                             ceiling_label="device copy (ceiling)")
 
 
 def _seeded_repo(url):
     """A database as a search leaves it: a best config for two problems on the H200."""
-    from tuner import record
+    from tuner.measure import record
 
     repo = Repository(connect(url))
     run = repo.start_run("search", record.gpu_row(repo, GPU), repo.environment(**ENV))
     row = repo.config(BEST.to_dict(), "th")
     for shape in ((4096, 4096), (8192, 8192)):
-        prob = dict(shape=shape, dtype="bf16", quant="nf4", blocksize=64)
+        prob = Problem(shape, "bf16", "nf4", 64)
         repo.add_measurement(run, prob, dict(label="trial", status="ok", median_us=10.0, samples_us=[10.0],
                                              speedup_vs_bnb=1.9), row)
     repo.finish_run(run)
@@ -125,11 +127,11 @@ def test_slower_than_bnb_fails_the_night(tmp_path):
     result = run_regress(repo, GPU, measure=fake, env=ENV)
     assert {v.problem: v.flag for v in result.verdicts}["4096x4096 bf16 nf4 bs64"] == "regression-vs-bnb"
     assert result.exit_code == 1
-    assert "slower than bnb" in cli.format_regress(result)
+    assert "slower than bnb" in format_regress(result)
 
 
 def test_regress_cannot_run_without_a_gpu_or_a_database(tmp_path, monkeypatch, capsys):
-    from tuner import gpu as gpu_mod
+    from tuner.kernel import gpu as gpu_mod
 
     if not gpu_mod.gpu_available():
         assert cli.main(["regress", "--db", str(tmp_path / "x.db")]) == 2
@@ -139,5 +141,9 @@ def test_regress_cannot_run_without_a_gpu_or_a_database(tmp_path, monkeypatch, c
     bad.write_text("this is not SQLite")
     assert cli.main(["regress", "--db", str(bad)]) == 2
     assert "cannot run" in capsys.readouterr().err
+    assert cli.main(["regress", "--db", str(tmp_path / "missing.db")]) == 2
+    assert "no database at" in capsys.readouterr().err
+    assert not (tmp_path / "missing.db").exists()
+    Repository(connect(str(tmp_path / "empty.db")))
     assert cli.main(["regress", "--db", str(tmp_path / "empty.db")]) == 2
     assert "no stored best config" in capsys.readouterr().err

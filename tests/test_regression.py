@@ -2,7 +2,7 @@
 
 import random
 
-from tuner.regression import Night, judge, mann_whitney_greater
+from tuner.track.regression import Night, judge, mann_whitney_greater
 
 
 def _night(rng, tuned=100.0, bnb=180.0, drift=1.0, noise=0.01, reps=25, **kw):

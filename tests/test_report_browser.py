@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from reports import build_report, collect
-from tuner.regress import run_regress
+from tuner.track.nightly import run_regress
 
 from test_regress_job import GPU, ENV, FakeMeasure, _seeded_repo
 

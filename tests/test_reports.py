@@ -12,8 +12,10 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "h200" / "search
 def test_report_is_static_offline_and_shows_every_problem(tmp_path, capsys):
     db = tmp_path / "h200.db"
     shutil.copy(EXAMPLE, db)
+    before = db.read_bytes()
     out = tmp_path / "site"
     assert cli.main(["report", "--db", str(db), "-o", str(out)]) == 0
+    assert db.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["h200.db", "site"]
     page = (out / "index.html").read_text()
     assert (out / "plotly.min.js").stat().st_size > 1_000_000
     # offline: the only script is the local plotly.min.js
@@ -29,5 +31,8 @@ def test_report_is_static_offline_and_shows_every_problem(tmp_path, capsys):
 
 
 def test_report_of_an_empty_database_still_renders(tmp_path):
+    from db import Repository, connect
+
+    Repository(connect(str(tmp_path / "e.db")))
     assert cli.main(["report", "--db", str(tmp_path / "e.db"), "-o", str(tmp_path / "s")]) == 0
     assert "nf4-tune report" in (tmp_path / "s" / "index.html").read_text()

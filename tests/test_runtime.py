@@ -8,10 +8,16 @@ import pytest
 torch = pytest.importorskip("torch")
 import bitsandbytes.functional as F
 
-from tuner import runtime
-from tuner.space import KernelConfig
+from tuner import serve as runtime
+from tuner.families import DEQUANT
+from tuner.serve import table as T
+from tuner.vocabulary import Problem
 
 GPU = "NVIDIA H200"
+
+
+def P(shape, dtype="bf16", quant="nf4", bs=64):
+    return Problem(shape, dtype, quant, bs)
 
 
 def _entry(shape, dtype="bf16", quant="nf4", bs=64, gpu=GPU, **knobs):
@@ -32,34 +38,36 @@ def table():
 
 
 def test_exact_problem_wins(table):
-    c = table.choose(GPU, (4096, 4096), "bf16", "nf4", 64)
+    c = table.choose(GPU, P((4096, 4096)))
     assert c.source == "exact" and c.config.threads == 128
 
 
 def test_nearest_problem_prefers_same_blocksize_then_size(table):
     # 70.8M values: |ln 70.8M - ln 16.8M| = 1.44 > |ln 70.8M - ln 268M| = 1.33, so 16384^2
-    c = table.choose(GPU, (5120, 13824), "bf16", "nf4", 64)
+    c = table.choose(GPU, P((5120, 13824)))
     assert c.source == "nearest" and c.config.threads == 512 and "16384x16384" in c.tuned_for
-    c = table.choose(GPU, (11008, 4096), "bf16", "nf4", 64)      # 45M: 16.8M is nearer (0.99 vs 1.78)
+    c = table.choose(GPU, P((11008, 4096)))      # 45M: 16.8M is nearer (0.99 vs 1.78)
     assert c.source == "nearest" and c.config.threads == 128
-    c = table.choose(GPU, (4096, 4096), "bf16", "nf4", 128)      # exact blocksize beats exact shape
+    c = table.choose(GPU, P((4096, 4096), bs=128))      # exact blocksize beats exact shape
     assert c.source == "nearest" and c.config.threads == 64
 
 
 def test_other_gpu_or_dtype_falls_back_to_the_builtin_default(table):
-    c = table.choose("NVIDIA L4", (4096, 4096), "bf16", "nf4", 64)
+    c = table.choose("NVIDIA L4", P((4096, 4096)))
     assert c.source == "default"
-    assert c.config == KernelConfig.from_dict(dict(runtime.BUILTIN_DEFAULTS["bf16"], dtype="bf16", quant="nf4"))
-    c = table.choose(GPU, (4096, 4096), "fp32", "fp4", 64)
+    assert c.config == DEQUANT.config(**DEQUANT.builtin_defaults["bf16"], dtype="bf16", quant="nf4")
+    c = table.choose(GPU, P((4096, 4096), "fp32", "fp4"))
     assert c.source == "default" and c.config.dtype == "fp32" and c.config.quant == "fp4"
-    c = table.choose(GPU, (4096, 4096), "fp16", "nf4", 64)       # fp16 tuned at 8192^2 only
+    c = table.choose(GPU, P((4096, 4096), "fp16"))       # fp16 tuned at 8192^2 only
     assert c.source == "nearest" and c.config.threads == 1024
 
 
 def test_packaged_table_loads_and_covers_the_h200():
-    t = runtime.ConfigTable.from_file(runtime.PACKAGED_TABLE)
-    assert any(e[0] == GPU for e in t.entries)
-    assert t.choose(GPU, (4096, 4096), "bf16", "nf4", 64).source == "exact"
+    t = runtime.ConfigTable.from_file(T.PACKAGED_TABLE)
+    assert any(e.gpu == GPU for e in t.entries)
+    assert t.choose(GPU, P((4096, 4096))).source == "exact"
+    # an untuned arch (a B200, an RTX 5090) is served the built-in default, never an error
+    assert t.choose("NVIDIA B200", P((4096, 4096))).source == "default"
 
 
 def test_use_configs_reads_exported_tables_and_databases(tmp_path, monkeypatch):
@@ -67,16 +75,18 @@ def test_use_configs_reads_exported_tables_and_databases(tmp_path, monkeypatch):
     p.write_text(json.dumps(dict(format=1, entries=[_entry((64, 64), threads=64)])))
     try:
         runtime.use_configs(str(p))
-        assert runtime.choose_config(GPU, (64, 64), "bf16", "nf4", 64).config.threads == 64
+        assert runtime.choose_config(GPU, P((64, 64))).config.threads == 64
         monkeypatch.setenv("NF4TUNE_CONFIGS", str(p))
         runtime.use_configs(None)
-        assert runtime.choose_config(GPU, (64, 64), "bf16", "nf4", 64).source == "exact"
+        assert runtime.choose_config(GPU, P((64, 64))).source == "exact"
         import shutil
 
         db = tmp_path / "h200.db"      # a copy: opening a database upgrades its schema in place
         shutil.copy(Path(__file__).resolve().parent.parent / "examples/h200/search.db", db)
+        before = db.read_bytes()
         runtime.use_configs(str(db))
-        assert runtime.choose_config(GPU, (8192, 8192), "bf16", "nf4", 64).source == "exact"
+        assert runtime.choose_config(GPU, P((8192, 8192))).source == "exact"
+        assert db.read_bytes() == before        # serving from a database only reads it
     finally:
         monkeypatch.delenv("NF4TUNE_CONFIGS", raising=False)
         runtime.use_configs(None)
@@ -103,6 +113,8 @@ def test_errors_are_bnbs_kinds():
     A, qs = _cpu_quantized()
     with pytest.raises(RuntimeError, match="CUDA"):          # torch._check, as bnb's op checks
         runtime.dequantize_4bit(A, qs)
+    choice = runtime.explain(A, qs)                          # CPU tensors: says what serves them
+    assert choice.source == "bnb" and "bnb's own dequantize_4bit" in choice.describe()
     with pytest.raises(ValueError, match="requires both absmax and out"):
         runtime.dequantize_4bit(A)
     qs.blocksize = 48
@@ -147,6 +159,8 @@ def test_patch_swaps_bnb_and_undo_restores_it():
 def test_patched_bnb_keeps_its_own_path_for_cpu_tensors(quant):
     A, qs = _cpu_quantized(quant=quant)
     want = F.dequantize_4bit(A, qs)
+    before = runtime.stats()["cpu_handoffs"]
     with runtime.patch_bitsandbytes():
         got = F.dequantize_4bit(A, qs)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert runtime.stats()["cpu_handoffs"] == before + 1

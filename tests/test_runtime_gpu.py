@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 import bitsandbytes as bnb
 import bitsandbytes.functional as F
 
-from tuner import runtime
-from tuner.gate import mismatch_report
+from tuner import serve as runtime
+from tuner.families.dequant import mismatch_report
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)

@@ -7,11 +7,10 @@ import os
 import pytest
 
 from db import Repository, connect
-from tuner import space as S
-from tuner.gate import Problem
-from tuner.search import (SEARCH_SPACE, config_from_params, grid_size, params_from_config, run_search,
-                          study_name)
-from tuner.worker import WorkerMeasurer
+from tuner.families import DEQUANT as D
+from tuner.tune.search import run_search, study_name
+from tuner.tune.worker import WorkerMeasurer
+from tuner.vocabulary import Problem
 
 from fakes import FakeMeasurer
 
@@ -26,29 +25,20 @@ def _setup(url):
     return repo, repo.start_run("search", gpu, env)
 
 
-def test_parametrisation_is_exactly_the_valid_space():
-    assert grid_size() == S.space_size(["bf16"], ["nf4"])
-    import itertools
-
-    configs = {config_from_params(dict(zip(SEARCH_SPACE, combo)), "bf16", "nf4")
-               for combo in itertools.product(*SEARCH_SPACE.values())}
-    assert configs == set(S.iter_space(["bf16"], ["nf4"]))
-    c = S.preset("bnb-like", "fp16", "fp4")
-    assert config_from_params(params_from_config(c), "fp16", "fp4") == c
+def preset(name, dtype="bf16", quant="nf4"):
+    return D.preset(name, dtype=dtype, quant=quant)
 
 
 def test_search_stores_every_trial_starts_from_presets_and_resumes(db_url):
     url = db_url
     repo, run = _setup(url)
     prob = Problem((4096, 4096))
-    bad = S.preset("bnb-like")
+    bad = preset("bnb-like")
     m = FakeMeasurer(invalid=[bad])
     s1 = run_search(prob, repo=repo, storage_url=url, gpu_name=GPU, run=run, measurer=m, n_trials=12, seed=1)
     assert s1.trials == 12 and s1.new_trials == 12
-    from tuner.search import builtin_default
-
     # the built-in default and the presets go first
-    assert set(m.calls[:3]) == {builtin_default("bf16", "nf4"), S.preset("blog"), bad}
+    assert set(m.calls[:3]) == {D.builtin_default(prob), preset("blog"), bad}
     stored = repo.measurements(run.id)
     assert {r.status for r in stored} >= {"ok", "invalid", "reference"}
     assert any(r.reason == "planted mismatch" for r in stored)
@@ -144,10 +134,10 @@ def test_worker_faults_become_invalid_trials_and_the_worker_restarts(target, rea
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
     w = WorkerMeasurer(target=target, task_timeout_s=5)
     try:
-        out = w.measure(Problem((64, 64)), S.preset("blog"))
+        out = w.measure(Problem((64, 64)), preset("blog"))
         assert out.status == "invalid" and reason in out.reason
         w.target = "fakes:worker_ok"
-        ok = w.measure(Problem((64, 64)), S.preset("blog"))
+        ok = w.measure(Problem((64, 64)), preset("blog"))
         assert ok.status == "ok" and w.restarts >= 1
     finally:
         w.close()
@@ -157,16 +147,15 @@ def test_local_refinement_reaches_the_optimum_next_to_the_best(tmp_path):
     """The last third of the trials walks one knob at a time from the best: with a synthetic
     time whose optimum is a few steps from the starting points, 30 trials find it exactly."""
     from fakes import synthetic_us
-    from tuner.search import neighbours
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
     repo, run = _setup(url)
     m = FakeMeasurer()
     s = run_search(Problem((4096, 4096)), repo=repo, storage_url=url, gpu_name=GPU, run=run, measurer=m,
                    n_trials=30, seed=3)
-    best = min(S.iter_space(["bf16"], ["nf4"]), key=synthetic_us)
+    best = min(D.iter_space(dtype=["bf16"], quant=["nf4"]), key=synthetic_us)
     assert s.best_config == best, (s.best_config, best)
-    c = S.preset("blog")
-    ns = neighbours(c)
+    c = preset("blog")
+    ns = D.neighbours(c)
     assert c not in ns and len(ns) == len(set(ns)) and all(n.dtype == c.dtype for n in ns)
     assert c.replace(threads=128) in ns and c.replace(store="streaming") in ns

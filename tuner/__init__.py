@@ -1,13 +1,19 @@
-"""nf4-tune: fused NF4/FP4 dequantization kernels, tuned per GPU and bit-identical to bitsandbytes."""
+"""nf4-tune: fused 4-bit (NF4/FP4) kernels for bitsandbytes' format, tuned per GPU.
 
-from .space import DTYPES, PRESETS, QUANTS, InvalidConfig, KernelConfig, iter_space, preset, space_size
-from .compiler import CompileError, CompiledKernel, compile_config, compile_many
-from .gpu import NoGPUError, require_gpu
+Layers, each a folder, imports pointing one way (tests/test_layers.py checks it):
+``vocabulary`` and ``family`` (the words and the family machinery) < ``families`` (one
+declaration per kernel family) < ``db`` (the store) < ``kernel`` (compile, load, launch) <
+``measure`` (gate, timing, bench) < ``serve`` (the runtime and the bnb patch) < ``tune``
+(search) < ``track`` (the nightly job) < ``reports`` < ``cli``.
+"""
 
-__version__ = "0.1.0"
+from ._version import __version__
+from .family import Config, Family, Knob, Constraint
+from .families import DEQUANT, FAMILIES, get as get_family
+from .vocabulary import BLOCKSIZES, DTYPES, QUANTS, InvalidConfig, Problem, UnsupportedInput
+
 
 __all__ = [
-    "__version__", "DTYPES", "QUANTS", "PRESETS", "InvalidConfig", "KernelConfig", "iter_space",
-    "preset", "space_size", "CompileError", "CompiledKernel", "compile_config", "compile_many",
-    "NoGPUError", "require_gpu",
+    "__version__", "Problem", "Family", "Config", "Knob", "Constraint", "FAMILIES", "DEQUANT", "get_family",
+    "BLOCKSIZES", "DTYPES", "QUANTS", "InvalidConfig", "UnsupportedInput",
 ]

@@ -1,16 +1,16 @@
 """The exhaustive best of a problem: every config of the space, measured, to judge a search by.
 
-Measuring all 9,240 configs of one dtype x quant with the full harness (bit-exact gate, bnb
-interleaved, repetitions until the IQR settles) would take hours per problem; an optuna
-``--sampler grid`` study of the same points adds a storage round trip per trial on top. This
-module measures every point in two stages instead:
+Measuring every config of one problem's space (9,240 for a dequant dtype x quant) with the full
+harness (the gate, the peer interleaved, repetitions until the IQR settles) would take hours per
+problem; an optuna ``--sampler grid`` study of the same points adds a storage round trip per
+trial on top. This module measures every point in two stages instead:
 
 1. **screen**: each config once loaded and launched ``screen_reps`` times on the same data, L2
    flushed before each launch, timed with CUDA events; configs that fail to compile, load or
    launch are counted, not raised;
 2. **final**: the ``finalists`` fastest of the screen (plus any configs the caller adds, such as a
-   search's best) through :func:`tuner.bench.bench_problem`: gated bit for bit against bnb, then
-   timed interleaved with bnb and a copy in the same process.
+   search's best) through :func:`tuner.measure.bench.bench_problem`: gated against the family's
+   reference, then timed interleaved with the peer and the ceiling in the same process.
 
 The exhaustive best is the fastest finalist that passes the gate; a search's best is judged by
 its ratio to it, both measured in the same final stage.
@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from .gate import Problem, quantized_random
-from .space import KernelConfig, iter_space
+from ..families import get as get_family
+from ..vocabulary import Problem
 
 __all__ = ["ExhaustiveReport", "exhaustive_best"]
 
@@ -37,7 +37,7 @@ class ExhaustiveReport:
     failed: int
     screen_seconds: float
     screen_us: dict = field(default_factory=dict)       # config JSON -> median us of the screen
-    final: Optional[object] = None                      # tuner.bench.ProblemReport
+    final: Optional[object] = None                      # tuner.measure.bench.ProblemReport
     compared: dict = field(default_factory=dict)        # label -> config JSON of configs added by the caller
 
     def best(self):
@@ -55,29 +55,30 @@ class ExhaustiveReport:
                     final=self.final.to_dict() if self.final else None, compared=self.compared)
 
 
-def exhaustive_best(problem: Problem, configs: Optional[Sequence[KernelConfig]] = None, screen_reps: int = 5,
-                    finalists: int = 12, compare: Sequence[tuple[str, KernelConfig]] = (), seed: Optional[int] = None,
+def exhaustive_best(problem: Problem, configs: Optional[Sequence] = None, screen_reps: int = 5,
+                    finalists: int = 12, compare: Sequence[tuple] = (), seed: Optional[int] = None,
                     progress: Optional[Callable[[int, int], None]] = None, **timing) -> ExhaustiveReport:
     """Screen every config (default: the whole space for the problem's dtype and quant), then
     measure the fastest ``finalists`` and the ``compare`` configs with the full harness."""
     import torch
 
-    from .bench import bench_problem
-    from .launch import load_kernel
-    from .timing import l2_flush_buffer
+    from ..kernel.launch import bind, load_kernel
+    from ..measure.bench import bench_problem
+    from ..measure.timing import l2_flush_buffer
 
+    family = get_family(problem.family)
     seed = secrets.randbits(31) if seed is None else seed
-    configs = list(configs) if configs is not None else list(iter_space([problem.dtype], [problem.quant]))
-    A, qs = quantized_random(problem, problem.shape, seed)
-    out = torch.empty(qs.shape, dtype=qs.dtype, device="cuda")
-    offset = float(qs.offset)
+    configs = list(configs) if configs is not None else list(
+        family.iter_space(**{k: [v] for k, v in family.problem_values(problem).items()}))
+    inputs = family.make_inputs(problem, problem.shape, seed)
+    out = family.new_output(inputs, poison=False)
     flush = l2_flush_buffer()
     screen: dict = {}
     failed = 0
     t0 = time.perf_counter()
     for i, c in enumerate(configs):
         try:
-            launch = load_kernel(c).bind(A, qs, out, offset=offset)
+            launch = bind(load_kernel(c), inputs, out)
             launch()   # first launch apart: module load and instruction cache
             events = []
             for _ in range(screen_reps):
@@ -104,8 +105,7 @@ def exhaustive_best(problem: Problem, configs: Optional[Sequence[KernelConfig]] 
         else:
             chosen.append((label, c))
     final = bench_problem(problem, chosen, seed=seed + 1, **timing)
-    return ExhaustiveReport(problem=dict(shape=list(problem.shape), dtype=problem.dtype, quant=problem.quant,
-                                         blocksize=problem.blocksize),
+    return ExhaustiveReport(problem=problem.to_dict(),
                             screened=len(configs), failed=failed, screen_seconds=seconds,
                             screen_us={c.to_json(): round(us, 3) for c, us in screen.items()},
                             final=final, compared={label: c.to_json() for label, c in compare})

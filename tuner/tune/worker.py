@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing as mp
-from dataclasses import asdict
 from typing import Optional
 
-from .gate import Problem
-from .search import TrialOutcome
-from .space import KernelConfig
+from ..families import get as get_family
+from ..vocabulary import Problem
+from .trial import TrialOutcome
 
 __all__ = ["WorkerMeasurer", "measure_on_gpu"]
 
@@ -23,21 +22,22 @@ DEFAULT_TARGET = "tuner.worker:measure_on_gpu"
 
 
 def measure_on_gpu(problem: dict, config_json: str, options: dict) -> dict:
-    """Gate and time one config against bnb on the visible GPU (runs inside the worker)."""
-    from .bench import REF_BNB, REF_COPY, bench_problem
+    """Gate and time one config against its family's peer on the visible GPU (runs inside the worker)."""
+    from ..measure.bench import bench_problem
 
-    prob = Problem(tuple(problem["shape"]), problem["dtype"], problem["quant"], problem["blocksize"])
-    config = KernelConfig.from_json(config_json)
+    prob = Problem.from_dict(problem)
+    family = get_family(prob.family)
+    config = family.from_json(config_json)
     rep = bench_problem(prob, [(config.short(), config)], seed=options.get("seed"),
                         time_cap_s=options.get("time_cap_s", 1.0), min_reps=options.get("min_reps", 10))
     d = rep.to_dict()
     cand = [r for r in d["results"] if r["config"] is not None]
-    bnb = next((r for r in d["results"] if r["label"] == REF_BNB), None)
+    bnb = next((r for r in d["results"] if r["label"] == family.peer_label), None)
     status = cand[0]["status"] if cand else "invalid"
     reason = cand[0]["reason"] if cand else "no result"
     # a launch or CUDA error may have poisoned this process's context: ask for a fresh worker
     restart = status != "ok" and ("CUDA" in reason or "LaunchError" in reason or "launch" in reason)
-    keep = [r for r in d["results"] if r["config"] is not None or r["label"] in (REF_BNB, REF_COPY)]
+    keep = [r for r in d["results"] if r["config"] is not None or r["label"] in (family.peer_label, rep.ceiling_label)]
     return dict(status=status, median_us=cand[0]["median_us"] if cand else None, reason=reason, results=keep,
                 gpu_state=d["gpu_after"], bnb_median_us=bnb["median_us"] if bnb else None,
                 copy_gbps=d["copy_gbps"], restart=restart)
@@ -95,14 +95,13 @@ class WorkerMeasurer:
             self._conn.close()
         self._proc = self._conn = None
 
-    def measure(self, problem: Problem, config: KernelConfig) -> TrialOutcome:
+    def measure(self, problem: Problem, config) -> TrialOutcome:
         if self._proc is None or not self._proc.is_alive():
             if self._proc is not None:
                 self.restarts += 1
             self._kill()
             self._start()
-        task = (dict(shape=list(problem.shape), dtype=problem.dtype, quant=problem.quant, blocksize=problem.blocksize),
-                config.to_json(), self.options)
+        task = (problem.to_dict(), config.to_json(), self.options)
         try:
             self._conn.send(task)
             if not self._conn.poll(self.task_timeout_s):
@@ -123,7 +122,7 @@ class WorkerMeasurer:
                             bnb_median_us=out.get("bnb_median_us"), copy_gbps=out.get("copy_gbps"))
 
     @staticmethod
-    def _invalid(config: KernelConfig, reason: str) -> TrialOutcome:
+    def _invalid(config, reason: str) -> TrialOutcome:
         return TrialOutcome(status="invalid", reason=reason,
                             results=[dict(label=config.short(), config=config.to_dict(), status="invalid",
                                           reason=reason)])

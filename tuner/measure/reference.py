@@ -2,8 +2,8 @@
 
 :func:`quantize_4bit` reproduces ``bitsandbytes.functional.quantize_4bit`` on the CPU (the
 packed bytes and every statistic), so tests and benchmarks can make data without bnb.
-:func:`dequantize_4bit` reproduces bnb's CUDA ``dequantize_4bit``: the recipe of
-``../shared/nf4-facts.md`` (float32 throughout, the nested absmax as two separately rounded
+:func:`dequantize_4bit` reproduces bnb's CUDA ``dequantize_4bit``: the recipe in README's "Bit-exactness" section and the
+header of ``kernel_templates/dequant4.cu`` (float32 throughout, the nested absmax as two separately rounded
 operations, subnormal products flushed to zero as bnb's ``--use_fast_math`` build does,
 round-to-nearest-even to the output dtype).
 
@@ -17,8 +17,8 @@ Where bnb's CPU path differs from its CUDA path (and so from this reference):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import numpy as np
 

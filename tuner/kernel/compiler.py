@@ -1,8 +1,9 @@
 """NVRTC compilation of kernel variants to CUBIN, through cuda.core, with an on-disk cache.
 
-The cache key hashes everything that can change the binary: the rendered source, the NVRTC
-options, the NVRTC version and the target arch. Entries are written atomically (temp file +
-rename), so parallel compiles and killed processes never leave a half-written CUBIN behind.
+Any real arch the installed NVRTC supports is a target (:mod:`tuner.kernel.arch`). The cache
+key hashes everything that can change the binary: the rendered source, the NVRTC options, the
+NVRTC version, the target arch and the kernel's name. Entries are written atomically (temp
+file + rename), so parallel compiles and killed processes never leave a half-written CUBIN.
 """
 
 from __future__ import annotations
@@ -19,17 +20,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from kernel_templates import KERNEL_NAME, render
-from ._files import atomic_write
-from .space import KernelConfig, distinct_sources
+from .._files import atomic_write
+from .arch import check_arch
 
 __all__ = [
-    "SUPPORTED_ARCHS", "CompileError", "CompiledKernel", "CompileSummary", "compile_config",
-    "compile_source", "compile_many", "nvrtc_version", "default_cache_dir", "visible_arch",
-    "nvrtc_options",
+    "CompileError", "CompiledKernel", "CompileSummary", "compile_config", "compile_source", "compile_many",
+    "nvrtc_version", "default_cache_dir", "visible_arch", "nvrtc_options",
 ]
-
-SUPPORTED_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 
 
 class CompileError(RuntimeError):
@@ -50,7 +47,7 @@ class CompiledKernel:
     spill_loads: Optional[int]
     log: str
     cached: bool = field(default=False, compare=False)
-    kernel_name: str = KERNEL_NAME
+    kernel_name: str = ""
 
 
 @lru_cache(maxsize=1)
@@ -96,12 +93,6 @@ def nvrtc_options(arch: str) -> dict:
                 ptxas_options="-v", include_path=list(_include_paths()))
 
 
-def _check_arch(arch: str) -> str:
-    if arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"unsupported arch {arch!r}; choose one of {', '.join(SUPPORTED_ARCHS)}")
-    return arch
-
-
 def visible_arch() -> str:
     """The arch of the visible GPU (device 0); raises RuntimeError when there is none."""
     from .gpu import require_gpu
@@ -109,11 +100,11 @@ def visible_arch() -> str:
     return require_gpu().arch
 
 
-def _cache_key(source: str, arch: str) -> str:
+def _cache_key(source: str, arch: str, kernel_name: str) -> str:
     opts = nvrtc_options(arch)
     opts = {k: v for k, v in opts.items() if k != "include_path"}
     h = hashlib.sha256()
-    for part in (source, json.dumps(opts, sort_keys=True), nvrtc_version(), arch, KERNEL_NAME):
+    for part in (source, json.dumps(opts, sort_keys=True), nvrtc_version(), arch, kernel_name):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
@@ -131,7 +122,7 @@ def _parse_resources(log: str):
             int(spill.group(2)) if spill else None)
 
 
-def _read_cache(cache_dir: Path, key: str, arch: str) -> Optional[CompiledKernel]:
+def _read_cache(cache_dir: Path, key: str, arch: str, kernel_name: str) -> Optional[CompiledKernel]:
     cubin_path = cache_dir / key[:2] / f"{key}.cubin"
     meta_path = cache_dir / key[:2] / f"{key}.json"
     try:
@@ -143,19 +134,19 @@ def _read_cache(cache_dir: Path, key: str, arch: str) -> Optional[CompiledKernel
         return None  # torn or corrupted entry: recompile
     return CompiledKernel(cubin=cubin, arch=arch, key=key, registers=meta.get("registers"),
                           spill_stores=meta.get("spill_stores"), spill_loads=meta.get("spill_loads"),
-                          log=meta.get("log", ""), cached=True)
+                          log=meta.get("log", ""), cached=True, kernel_name=kernel_name)
 
 
-def compile_source(source: str, arch: str, cache_dir: Optional[os.PathLike] = None,
+def compile_source(source: str, arch: str, kernel_name: str, cache_dir: Optional[os.PathLike] = None,
                    use_cache: bool = True) -> CompiledKernel:
-    """Compile one rendered source to CUBIN for ``arch`` (cache first)."""
+    """Compile one rendered source (holding ``kernel_name``) to CUBIN for ``arch`` (cache first)."""
     from cuda.core import Program, ProgramOptions
 
-    _check_arch(arch)
+    check_arch(arch)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    key = _cache_key(source, arch)
+    key = _cache_key(source, arch, kernel_name)
     if use_cache:
-        hit = _read_cache(cache, key, arch)
+        hit = _read_cache(cache, key, arch, kernel_name)
         if hit is not None:
             return hit
     logbuf = io.StringIO()
@@ -163,7 +154,7 @@ def compile_source(source: str, arch: str, cache_dir: Optional[os.PathLike] = No
         program = Program(source, "c++", ProgramOptions(**nvrtc_options(arch)))
         obj = program.compile("cubin", logs=logbuf)
     except Exception as e:  # cuda.core raises NVRTCError with the log in its message
-        raise CompileError(f"NVRTC failed to compile {KERNEL_NAME} for {arch}", log=str(e)) from None
+        raise CompileError(f"NVRTC failed to compile {kernel_name} for {arch}", log=str(e)) from None
     log = logbuf.getvalue()
     cubin = bytes(obj.code)
     regs, ss, sl = _parse_resources(log)
@@ -174,14 +165,14 @@ def compile_source(source: str, arch: str, cache_dir: Optional[os.PathLike] = No
         atomic_write(cache / key[:2] / f"{key}.cubin", cubin)
         atomic_write(cache / key[:2] / f"{key}.json", json.dumps(meta).encode())
     return CompiledKernel(cubin=cubin, arch=arch, key=key, registers=regs, spill_stores=ss,
-                          spill_loads=sl, log=log, cached=False)
+                          spill_loads=sl, log=log, cached=False, kernel_name=kernel_name)
 
 
-def compile_config(config: KernelConfig, arch: Optional[str] = None,
-                   cache_dir: Optional[os.PathLike] = None, use_cache: bool = True) -> CompiledKernel:
-    """Compile ``config`` for ``arch`` (default: the visible GPU's)."""
+def compile_config(config, arch: Optional[str] = None, cache_dir: Optional[os.PathLike] = None,
+                   use_cache: bool = True) -> CompiledKernel:
+    """Compile ``config`` (a :class:`tuner.family.Config`) for ``arch`` (default: the visible GPU's)."""
     arch = arch or visible_arch()
-    return compile_source(render(config.source_knobs()), arch, cache_dir, use_cache)
+    return compile_source(config.render(), arch, config.family.kernel_name, cache_dir, use_cache)
 
 
 @dataclass
@@ -203,42 +194,51 @@ class CompileSummary:
                     failures=[dict(config=c.to_dict(), error=e) for c, e in self.failures])
 
 
-def _compile_worker(args):
-    knobs_json, arch, cache_dir = args
-    config = KernelConfig.from_json(knobs_json)
+def _compile_one(config, arch, cache_dir):
     try:
         k = compile_config(config, arch, cache_dir)
-        return knobs_json, None, k.cached, k.registers, k.spill_stores
+        return config, None, k.cached, k.registers, k.spill_stores
     except Exception as e:  # a failing variant is data, not a crash
-        return knobs_json, f"{type(e).__name__}: {e}", False, None, None
+        return config, f"{type(e).__name__}: {e}", False, None, None
 
 
-def compile_many(configs: Iterable[KernelConfig], arch: str, workers: Optional[int] = None,
+def _compile_worker(args):
+    from ..families import get
+
+    family, knobs_json, arch, cache_dir = args
+    config, err, cached, regs, spills = _compile_one(get(family).from_json(knobs_json), arch, cache_dir)
+    return knobs_json, err, cached, regs, spills
+
+
+def compile_many(configs: Iterable, arch: str, workers: Optional[int] = None,
                  cache_dir: Optional[os.PathLike] = None,
                  progress: Optional[Callable[[int, int], None]] = None) -> CompileSummary:
-    """Compile every distinct source among ``configs`` for ``arch``, in parallel processes."""
-    _check_arch(arch)
+    """Compile every distinct source among ``configs`` (of one family) for ``arch``, in parallel
+    processes (``workers=1``: in this process)."""
+    check_arch(arch)
     configs = list(configs)
-    reps = list(distinct_sources(configs).values())
+    if not configs:
+        return CompileSummary(arch=arch, configs=0, sources=0)
+    family = configs[0].family
+    reps = list(family.distinct_sources(configs).values())
     summary = CompileSummary(arch=arch, configs=len(configs), sources=len(reps))
     cache = str(cache_dir) if cache_dir is not None else str(default_cache_dir())
     workers = workers or max(1, os.cpu_count() or 1)
     t0 = time.perf_counter()
-    jobs = [(c.to_json(), arch, cache) for c in reps]
     done = 0
     regs_seen = []
+    by_json = {c.to_json(): c for c in reps}
     if workers == 1:
-        results = map(_compile_worker, jobs)
-        iterator = results
+        iterator = ((c.to_json(),) + _compile_one(c, arch, cache)[1:] for c in reps)
     else:
         pool = ProcessPoolExecutor(max_workers=workers)
-        futures = [pool.submit(_compile_worker, j) for j in jobs]
+        futures = [pool.submit(_compile_worker, (family.name, c.to_json(), arch, cache)) for c in reps]
         iterator = (f.result() for f in as_completed(futures))
     try:
         for knobs_json, err, cached, regs, spills in iterator:
             done += 1
             if err:
-                summary.failures.append((KernelConfig.from_json(knobs_json), err))
+                summary.failures.append((by_json[knobs_json], err))
             else:
                 summary.compiled += 1
                 summary.cache_hits += int(bool(cached))
@@ -247,7 +247,7 @@ def compile_many(configs: Iterable[KernelConfig], arch: str, workers: Optional[i
                 if spills:
                     summary.spilling += 1
             if progress:
-                progress(done, len(jobs))
+                progress(done, len(reps))
     finally:
         if workers != 1:
             pool.shutdown(cancel_futures=True)

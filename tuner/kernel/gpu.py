@@ -22,6 +22,10 @@ class GPUInfo:
     memory_bytes: int
     driver_version: str
 
+    @property
+    def compute_capability_text(self) -> str:
+        return f"{self.compute_capability[0]}.{self.compute_capability[1]}"
+
 
 @lru_cache(maxsize=1)
 def require_gpu() -> GPUInfo:

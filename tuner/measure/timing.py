@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict
 
 __all__ = ["Samples", "L2Flush", "measure_interleaved", "l2_flush_buffer", "gpu_state"]
 

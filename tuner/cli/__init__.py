@@ -1,0 +1,74 @@
+"""``nf4-tune``: a thin command line over the tuner library.
+
+One module per subcommand turns its arguments into one library call and prints the result.
+Every argument is checked before any GPU or database work; a user error is one line
+(``nf4-tune: error: ...``) and exit 2, as argparse's own; see :data:`_common.EXIT_TABLE`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from . import bench, best, compile, export, regress, report, search, space
+from ._common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_TABLE, EXIT_USAGE, CannotRun, UserError
+
+__all__ = ["main", "build_parser", "UserError", "CannotRun", "EXIT_TABLE"]
+
+SUBCOMMANDS = (space, compile, bench, search, best, export, regress, report)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .._version import __version__
+
+    p = argparse.ArgumentParser(
+        prog="nf4-tune", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_TABLE,
+        description="Tune, check and serve fused 4-bit (NF4/FP4) kernels for bitsandbytes' format, per GPU: "
+                    "dequantize (bit-identical to bnb) and the decode matmul.")
+    p.add_argument("--version", action="version", version=f"nf4-tune {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for module in SUBCOMMANDS:
+        module.add_parser(sub)
+    for name, sp in sub.choices.items():
+        sp.formatter_class = argparse.RawDescriptionHelpFormatter
+        sp.epilog = EXIT_TABLE
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from db._engine import DatabaseError
+
+    from .._files import OutputPathError
+    from ..kernel.gpu import NoGPUError
+    from ..vocabulary import InvalidConfig
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(args.func(args) or 0)
+    except CannotRun as e:
+        print(f"nf4-tune: cannot run: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except NoGPUError as e:
+        print(f"nf4-tune: cannot run: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except (UserError, InvalidConfig, OutputPathError) as e:
+        print(f"nf4-tune: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except DatabaseError as e:
+        print(f"nf4-tune: cannot run: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("nf4-tune: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (RuntimeError, ValueError, OSError) as e:
+        print(f"nf4-tune: failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""``nf4-tune bench``: gate and time configs against the family's peer (and the --runtime and
+--exhaustive modes)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ..families import get as get_family
+from ..vocabulary import InvalidConfig
+from ._common import (UserError, add_db_arg, add_problem_args, command_line, config_from_option, open_repo,
+                      output_file, positive_float, positive_int, problems_from_args, progress_printer, require_gpu,
+                      write_json)
+
+
+def add_parser(sub):
+    p = sub.add_parser("bench", help="gate and time configs against bnb on the visible GPU",
+                       description="For each problem (--shape x --m for matmul): check every config against the "
+                                   "family's reference (dequant: bit for bit against bnb's CUDA dequantize_4bit; "
+                                   "matmul: an fp64 reference under a derived error bound, and no worse than bnb), "
+                                   "on fresh random data and an odd shape, then time the valid ones interleaved with "
+                                   "bnb and the family's ceiling (dequant: a device copy of the output size; "
+                                   "matmul: a read-only reduction), L2 flushed before every repetition. Prints a "
+                                   "table per problem (us median and IQR, GB/s, % of the ceiling, x bnb).")
+    add_problem_args(p)
+    p.add_argument("--config", action="append", default=[], metavar="JSON|@FILE",
+                   help="a config as JSON or @file.json (knobs not given take the family's defaults); repeatable")
+    p.add_argument("--preset", action="append", default=[], help="a preset of the family (dequant: blog, bnb-like); "
+                                                                 "repeatable")
+    p.add_argument("--sweep", action="append", default=[], metavar="KNOB=V1,V2",
+                   help="sweep knobs around the first config (or the family's first preset); repeatable, cartesian")
+    p.add_argument("--top", type=positive_int, default=None, help="show only the N fastest configs per problem")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh each run)")
+    p.add_argument("--time-cap", type=positive_float, default=3.0, help="seconds of timing per problem at most")
+    p.add_argument("--flush", default="read", choices=("read", "write"),
+                   help="L2 flush between repetitions: read a 4xL2 buffer (cold, clean L2; default) or zero-fill it "
+                        "(cold, dirty L2, as triton's do_bench)")
+    p.add_argument("--json", action="store_true", help="print the full reports as JSON")
+    p.add_argument("-o", "--output", default=None, metavar="FILE", help="also write the JSON reports to this file")
+    add_db_arg(p, "store the run here (default: $NF4TUNE_DB or ./nf4tune.db; a path means a SQLite file)")
+    p.add_argument("--no-db", action="store_true", help="do not store the run")
+    p.add_argument("--runtime", action="store_true",
+                   help="benchmark the serving runtime against bnb (dequant: default shapes the six targets plus "
+                        "5120x13824 and 11008x4096), its host time per call, and a Linear4bit(4096, 14336) forward at "
+                        "batch 4096 patched against unpatched; not stored")
+    p.add_argument("--no-linear", action="store_true", help="with --runtime: skip the Linear4bit forward")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="screen every config of the space for each --shape, then measure the fastest --finalists "
+                        "(and the --compare-db best) with the full harness; not stored")
+    p.add_argument("--finalists", type=positive_int, default=12, help="with --exhaustive: configs re-measured in full")
+    p.add_argument("--compare-db", default=None, metavar="URL",
+                   help="with --exhaustive: also measure the best config stored here (a search's) and report its time "
+                        "relative to the exhaustive best")
+    p.set_defaults(func=run)
+
+
+def candidates_from_args(args, family, problem_values: dict) -> list:
+    """(label, config) pairs the arguments name, validated before any GPU work."""
+    cands = [config_from_option(family, "--config", text, problem_values) for text in args.config]
+    names = {}
+    for name in args.preset:
+        try:
+            c = family.preset(name, **problem_values)
+        except InvalidConfig as e:
+            raise UserError(f"--preset: {e}") from None
+        names[c] = name
+        cands.append(c)
+    if args.sweep:
+        from ..measure.bench import sweep_configs
+
+        base = cands[0] if cands else family.preset(next(iter(family.presets)), **problem_values)
+        try:
+            swept = sweep_configs(base, args.sweep)
+        except InvalidConfig as e:
+            raise UserError(f"--sweep: {e}") from None
+        if not swept:
+            raise UserError(f"--sweep {' '.join(args.sweep)}: every combination breaks a constraint of the space")
+        cands += swept
+    if not cands:
+        cands = [family.preset(n, **problem_values) for n in family.presets] or [family.config(**problem_values)]
+        names = {c: n for c, n in zip(cands, family.presets)}
+    seen = {}
+    for c in cands:
+        seen.setdefault(c, f"{names[c]}: {c.short()}" if c in names else c.short())
+    return [(label, c) for c, label in seen.items()]
+
+
+def run(args) -> int:
+    if args.runtime and args.exhaustive:
+        raise UserError("--runtime and --exhaustive are separate modes: give one")
+    output_file(args.output)
+    if args.runtime:
+        return _runtime(args)
+    if not args.shape:
+        raise UserError("give at least one --shape (or --runtime, whose default shapes are the eight of the benchmark)")
+    if args.exhaustive:
+        return _exhaustive(args)
+    problems = problems_from_args(args)
+    family = get_family(args.family)
+    candidates = candidates_from_args(args, family, family.problem_values(problems[0]))
+    if len({tuple(family.problem_values(p).items()) for p in problems}) > 1:
+        raise UserError("one bench run takes problems of one dtype and quant type")
+    gpu = require_gpu()
+    from ..measure.bench import format_report, run_bench
+    from ..measure.record import recorded_run
+
+    def progress(i, n, prob):
+        print(f"[{i + 1}/{n}] {prob.label()}: gating and timing {len(candidates)} config(s)", file=sys.stderr,
+              flush=True)
+
+    def go(recorded):
+        return run_bench(problems, candidates, recorded=recorded, seed=args.seed, time_cap_s=args.time_cap,
+                         flush_mode=args.flush, progress=progress)
+
+    if args.no_db:
+        reports = go(None)
+    else:
+        repo = open_repo(args.db, read_only=False)
+        with recorded_run("bench", None, gpu, command=command_line(), repo=repo) as rec:
+            reports = go(rec)
+        print(f"stored as run {rec.run.id} in {repo.url}", file=sys.stderr)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in reports]))
+    else:
+        for rep in reports:
+            print(format_report(rep, top=args.top), flush=True)
+    if args.output:
+        write_json(args.output, [r.to_dict() for r in reports])
+    return 0
+
+
+def _runtime(args) -> int:
+    from ..serve.benchmark import RUNTIME_SHAPES, bench_runtime_problem, format_runtime, host_overhead, linear4bit_forward
+
+    if args.family != "dequant":
+        raise UserError(f"--runtime for the {args.family} family is `nf4-tune bench --family {args.family} --decode`")
+    shapes = list(args.shape) if args.shape else list(RUNTIME_SHAPES)
+    problems = problems_from_args(args, shapes=shapes)
+    require_gpu()
+    reports = []
+    for i, prob in enumerate(problems):
+        print(f"[{i + 1}/{len(problems)}] {prob.label()}: runtime against bnb", file=sys.stderr, flush=True)
+        seed = None if args.seed is None else args.seed + i
+        reports.append(bench_runtime_problem(prob, seed=seed, time_cap_s=args.time_cap))
+    print("host time per call...", file=sys.stderr, flush=True)
+    overhead = host_overhead(dtype=args.dtype)
+    linear = None
+    if not args.no_linear:
+        print("Linear4bit(4096, 14336) forward at batch 4096, patched and unpatched...", file=sys.stderr, flush=True)
+        linear = linear4bit_forward(dtype=args.dtype, time_cap_s=args.time_cap)
+    print(format_runtime(reports, overhead, linear), flush=True)
+    if args.output:
+        write_json(args.output, dict(runtime=[r.to_dict() for r in reports], host_us=overhead, linear4bit=linear))
+    return 0
+
+
+def _exhaustive(args) -> int:
+    from ..measure.bench import format_report
+    from ..tune.exhaustive import exhaustive_best
+
+    problems = problems_from_args(args)
+    family = get_family(args.family)
+    repo = open_repo(args.compare_db, read_only=True) if args.compare_db else None
+    gpu = require_gpu()
+    out = []
+    for i, prob in enumerate(problems):
+        compare = []
+        if repo is not None:
+            best = repo.best(gpu.name, prob)
+            if best is None:
+                raise UserError(f"--compare-db holds no best config of {prob.label()} on {gpu.name}")
+            c = family.from_dict(best[0])
+            compare.append(("search best: " + c.short(), c))
+        seed = None if args.seed is None else args.seed + 1000 * i
+        rep = exhaustive_best(prob, compare=compare, seed=seed, finalists=args.finalists, time_cap_s=args.time_cap,
+                              progress=progress_printer(f"[{i + 1}/{len(problems)}] screen {prob.label()}"))
+        print(f"{prob.label()}: screened {rep.screened} configs ({rep.failed} failed to load or launch) "
+              f"in {rep.screen_seconds:.0f} s; finalists measured with the full harness:")
+        print(format_report(rep.final), flush=True)
+        best = rep.best()
+        print(f"exhaustive best: {best.label} {best.median_us:.2f} us" if best else "exhaustive best: none valid")
+        for label in rep.compared:
+            r = rep.ratio(label)
+            print(f"{label}: " + (f"{r:.4f}x the exhaustive best's time ({100 * (r - 1):+.2f}%)" if r else "invalid"))
+        out.append(rep.to_dict())
+    if args.output:
+        write_json(args.output, out)
+    return 0

@@ -1,0 +1,84 @@
+"""``nf4-tune compile``: every distinct source of a family's space, compiled with NVRTC."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ..families import get as get_family
+from ._common import EXIT_FAILED, UserError, add_family_arg, positive_int, progress_printer
+
+
+def add_parser(sub):
+    p = sub.add_parser("compile", help="compile every distinct source of a family's space with NVRTC",
+                       description="Compile the whole space (or the dtypes/quants given) to CUBIN with NVRTC in "
+                                   "parallel processes, through the on-disk cache. Any real arch the installed NVRTC "
+                                   "supports is a target (without --arch: the visible GPU's). Prints the count, "
+                                   "failures and time; exits 1 if any source fails.")
+    add_family_arg(p)
+    p.add_argument("--arch", default=None, help="target arch, e.g. sm_90, sm_100, sm_120 (default: the visible GPU's)")
+    p.add_argument("--dtype", action="append")
+    p.add_argument("--quant", action="append")
+    p.add_argument("--workers", type=positive_int, default=None, help="parallel compile processes, at least 1 "
+                                                                         "(default: the CPU count)")
+    p.add_argument("--cache", default=None, metavar="DIR",
+                   help="cache folder, made if missing (default: $NF4TUNE_CACHE or ~/.cache/nf4-tune/cubin)")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def _arch(args) -> str:
+    from ..kernel.arch import check_arch, supported_archs
+    from ..kernel.gpu import NoGPUError, require_gpu
+
+    if args.arch:
+        try:
+            return check_arch(args.arch)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    try:
+        return require_gpu().arch
+    except NoGPUError:
+        raise UserError("no GPU is visible to take the arch from: pass --arch (one of "
+                        f"{', '.join(supported_archs())})") from None
+
+
+def _cache(path):
+    if path is None:
+        return None
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserError(f"--cache {path} is a file, not a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--cache {path}: cannot make the folder: {e.strerror or e}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"--cache {path} is not writable")
+    return path
+
+
+def run(args) -> int:
+    from ..kernel import compiler
+
+    family = get_family(args.family)
+    arch = _arch(args)
+    cache = _cache(args.cache)
+    restrict = {k: v for k, v in (("dtype", args.dtype), ("quant", args.quant)) if v}
+    try:
+        configs = list(family.iter_space(**restrict))
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    summary = compiler.compile_many(configs, arch, workers=args.workers, cache_dir=cache,
+                                    progress=None if args.quiet else progress_printer(f"compile {family.name} {arch}"))
+    if args.json:
+        print(json.dumps(summary.to_dict(), indent=2))
+    else:
+        print(f"{family.name}, arch {arch}, NVRTC {compiler.nvrtc_version()}: {summary.configs} configurations, "
+              f"{summary.sources} distinct sources")
+        print(f"compiled {summary.compiled} ({summary.cache_hits} from cache), failures {len(summary.failures)}, "
+              f"{summary.seconds:.1f} s")
+        print(f"max registers {summary.max_registers}, sources with spills {summary.spilling}")
+        for config, err in summary.failures[:20]:
+            print(f"  FAILED {config.to_json()}: {err.splitlines()[0]}")
+    return EXIT_FAILED if summary.failures else 0

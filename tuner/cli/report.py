@@ -1,0 +1,32 @@
+"""``nf4-tune report``: a static, offline HTML report of a database (reads only)."""
+
+from __future__ import annotations
+
+from ._common import UserError, add_db_arg, open_repo
+
+
+def add_parser(sub):
+    p = sub.add_parser("report", help="write a static, offline HTML report of the database (reads only)",
+                       description="Overview per GPU x problem (best, bnb, x bnb, % of the ceiling, status, nightly "
+                                   "verdict), history per problem, each search study (trials, best so far, parallel "
+                                   "coordinates), a knob heatmap and the environment of each run, as index.html "
+                                   "with plotly.min.js beside it. The database is only read: a missing one is an "
+                                   "error.")
+    p.add_argument("-o", "--output", required=True, metavar="DIR")
+    add_db_arg(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from .._files import OutputPathError, check_output_dir
+
+    try:
+        check_output_dir(args.output)
+    except OutputPathError as e:
+        raise UserError(str(e)) from None
+    from reports import build_report, collect
+
+    repo = open_repo(args.db, read_only=True)
+    index = build_report(collect(repo), args.output)
+    print(f"wrote {index} (open it in a browser; plotly.min.js lies beside it, no network needed)")
+    return 0

@@ -1,0 +1,468 @@
+"""A kernel family as one declaration, and everything derived from it.
+
+A :class:`Family` declares its template, its knobs (source knobs that render macros, launch
+knobs that only change the launch, problem knobs fixed by the problem), its constraints, its
+defaults and presets, and (in a subclass) what a problem's inputs are, the correctness gate,
+the launch plan, the traffic model and the peer it is judged against. From the knobs and
+constraints alone this module derives:
+
+- the space: :meth:`Family.iter_space` walks it, :meth:`Family.space_size` counts it from the
+  constraint structure without walking it;
+- the search parametrisation: knobs tied by constraints form one categorical parameter whose
+  choices are exactly the valid combinations, so every sample is a valid config;
+- the one-knob refinement neighbours of a config;
+- serialisation (:meth:`Config.to_dict`, :meth:`Family.from_dict`) and labels
+  (:meth:`Config.short`).
+
+A :class:`Config` is a frozen, hashable value: its family's name and the value of every knob.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable, Iterator, Optional, Sequence
+
+from .vocabulary import InvalidConfig
+
+__all__ = ["Knob", "Constraint", "Config", "Family", "DeviceLimits", "ROLES"]
+
+#: source: renders a macro of the template; launch: changes only the launch; problem: fixed by
+#: the problem being tuned (never searched)
+ROLES = ("source", "launch", "problem")
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """What a launch plan needs of the device (tuner.kernel.arch fills it in from the device's
+    properties, or from its table for a named arch)."""
+
+    sm_count: int
+    regs_per_sm: int = 65536
+    max_threads_per_sm: int = 2048
+    max_threads_per_block: int = 1024
+    smem_per_block: int = 48 * 1024       # without opting in
+    smem_per_block_optin: int = 48 * 1024
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One knob: its values, its role, and for a source knob the macro it sets.
+
+    ``codes`` maps a value to the macro's value (default: the value itself for integers, else its
+    index in ``values``). ``label`` formats the value in a config's short label (``""`` hides
+    it; None values are never shown)."""
+
+    name: str
+    values: tuple
+    role: str = "source"
+    macro: Optional[str] = None
+    codes: Optional[dict] = None
+    label: str = "{}"
+    help: str = ""
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"knob {self.name}: role {self.role!r} is not one of {ROLES}")
+        if self.role != "launch" and self.macro is None:
+            raise ValueError(f"knob {self.name}: a {self.role} knob needs the macro it sets")
+
+    def code(self, value) -> int:
+        if self.codes is not None:
+            return self.codes[value]
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        return self.values.index(value)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A rule over some knobs: ``check(**{knob: value})`` returns why a combination is invalid,
+    or None. Knobs tied by constraints are searched as one parameter."""
+
+    knobs: tuple
+    check: Callable[..., Optional[str]]
+
+    def violation(self, values: dict) -> Optional[str]:
+        return self.check(**{k: values[k] for k in self.knobs})
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of a family's space (a frozen, hashable value). Knob values read as
+    attributes: ``config.threads``."""
+
+    family: "Family" = field(compare=False, repr=False, hash=False)
+    name: str
+    values: tuple
+
+    def __getattr__(self, knob):
+        if knob.startswith("_") or knob in ("family", "name", "values"):
+            raise AttributeError(knob)
+        fam = self.__dict__.get("family")
+        i = fam.knob_index.get(knob) if fam is not None else None
+        if i is None:
+            raise AttributeError(f"{type(self).__name__} of family {self.__dict__.get('name')!r} has no knob {knob!r}")
+        return self.values[i]
+
+    def __repr__(self) -> str:
+        return f"Config({self.name}: {self.short()})"
+
+    # -- serialisation -------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return dict(zip(self.family.knob_names, self.values))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    # -- derived -------------------------------------------------------------------
+    def source_knobs(self) -> dict:
+        """The knobs that change the CUDA source (the rest change only the launch)."""
+        return {k.name: v for k, v in zip(self.family.knobs, self.values) if k.role != "launch"}
+
+    def tunable(self) -> dict:
+        return {k.name: v for k, v in zip(self.family.knobs, self.values) if k.role != "problem"}
+
+    def replace(self, **changes) -> "Config":
+        return self.family.config(**{**self.to_dict(), **changes})
+
+    def short(self) -> str:
+        parts = []
+        for k, v in zip(self.family.knobs, self.values):
+            if v is None or not k.label:
+                continue
+            parts.append(k.label.format(v))
+        return " ".join(parts)
+
+    def render(self) -> str:
+        return self.family.render(self)
+
+
+class Family:
+    """A kernel family's declaration. Subclasses add the problem-facing parts (inputs, gate,
+    launch plan, traffic, peer); the space, search parametrisation and neighbours are derived
+    here from :attr:`knobs` and :attr:`constraints`."""
+
+    #: short name, stored with every measurement
+    name: str = ""
+    #: file under kernel_templates/
+    template: str = ""
+    #: the kernel's extern "C" name
+    kernel_name: str = ""
+    #: one line for --help and the report
+    title: str = ""
+    knobs: tuple = ()
+    constraints: tuple = ()
+    #: default values of every knob (a config built from a partial dict takes these)
+    defaults: dict = {}
+    #: named points of the space: name -> tunable knob values (problem knobs come from the problem)
+    presets: dict = {}
+    #: the order the greedy refinement tries knobs in (default: declaration order)
+    refine_order: tuple = ()
+    #: the label of the peer the family is judged against (its median is the x-bnb basis)
+    peer_label: str = ""
+    #: the label of the ceiling measured beside it, and what its % column means
+    ceiling_label: str = ""
+    #: the problem knobs and where they come from: knob name -> Problem attribute
+    problem_knobs: dict = {}
+
+    def __init__(self):
+        names = [k.name for k in self.knobs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"family {self.name}: duplicate knob names")
+        for c in self.constraints:
+            unknown = set(c.knobs) - set(names)
+            if unknown:
+                raise ValueError(f"family {self.name}: constraint on unknown knob(s) {sorted(unknown)}")
+        missing = set(names) - set(self.defaults)
+        if missing:
+            raise ValueError(f"family {self.name}: no default for knob(s) {sorted(missing)}")
+
+    def extended(self, *, knobs: Sequence[Knob] = (), constraints: Sequence[Constraint] = (),
+                 defaults: Optional[dict] = None, **attrs) -> "Family":
+        """A copy of this family with knobs, constraints or defaults added (tests use it to show
+        that one declaration is all a new knob needs)."""
+        new = copy.copy(self)
+        for k in ("knob_names", "knob_index", "groups", "_group_choices_cache"):
+            new.__dict__.pop(k, None)
+        new.knobs = tuple(self.knobs) + tuple(knobs)
+        new.constraints = tuple(self.constraints) + tuple(constraints)
+        new.defaults = {**self.defaults, **(defaults or {})}
+        for k, v in attrs.items():
+            setattr(new, k, v)
+        Family.__init__(new)
+        return new
+
+    # -- knobs -------------------------------------------------------------------------
+    @cached_property
+    def knob_names(self) -> tuple:
+        return tuple(k.name for k in self.knobs)
+
+    @cached_property
+    def knob_index(self) -> dict:
+        return {k.name: i for i, k in enumerate(self.knobs)}
+
+    def knob(self, name: str) -> Knob:
+        return self.knobs[self.knob_index[name]]
+
+    def source_knob_names(self) -> tuple:
+        return tuple(k.name for k in self.knobs if k.role != "launch")
+
+    def tunable_knob_names(self) -> tuple:
+        return tuple(k.name for k in self.knobs if k.role != "problem")
+
+    # -- configs -----------------------------------------------------------------------
+    def violation(self, values: dict) -> Optional[str]:
+        """Why ``values`` (every knob) is not a point of the space, or None."""
+        for k in self.knobs:
+            v = values[k.name]
+            if v not in k.values or (v is not None and type(v) is bool):
+                return f"{k.name}={v!r} is not one of {list(k.values)}"
+        for c in self.constraints:
+            reason = c.violation(values)
+            if reason:
+                return reason
+        return None
+
+    def config(self, **knobs) -> Config:
+        """A validated config; knobs not given take :attr:`defaults`."""
+        unknown = set(knobs) - set(self.knob_names)
+        if unknown:
+            raise InvalidConfig(f"unknown knob(s): {sorted(unknown)}; known: {list(self.knob_names)}")
+        values = {**self.defaults, **knobs}
+        reason = self.violation(values)
+        if reason:
+            raise InvalidConfig(reason)
+        return Config(self, self.name, tuple(values[n] for n in self.knob_names))
+
+    def from_dict(self, d: dict) -> Config:
+        if not isinstance(d, dict):
+            raise InvalidConfig("a config must be an object of knob: value")
+        return self.config(**d)
+
+    def from_json(self, text: str) -> Config:
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InvalidConfig(f"config is not valid JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise InvalidConfig("config JSON must be an object of knob: value")
+        return self.from_dict(d)
+
+    def preset(self, name: str, problem=None, **problem_values) -> Config:
+        """The named preset, with the problem knobs of ``problem`` (or given by name)."""
+        if name not in self.presets:
+            raise InvalidConfig(f"unknown preset {name!r}; known: {sorted(self.presets)}")
+        return self.config(**self.presets[name], **self.problem_values(problem, **problem_values))
+
+    def problem_values(self, problem=None, **given) -> dict:
+        """The problem knobs' values for ``problem`` (a :class:`~tuner.vocabulary.Problem`), or
+        as given by name."""
+        out = {}
+        for knob, attr in self.problem_knobs.items():
+            if problem is not None:
+                out[knob] = getattr(problem, attr)
+            elif knob in given:
+                out[knob] = given[knob]
+        return out
+
+    def for_problem(self, config: Config, problem) -> Config:
+        """``config`` with the problem knobs of ``problem`` (a tuned config of another problem
+        carried over)."""
+        return config.replace(**self.problem_values(problem))
+
+    # -- the space ---------------------------------------------------------------------
+    @cached_property
+    def groups(self) -> tuple:
+        """Tunable knobs tied by constraints, as tuples in declaration order: each group is one
+        search parameter. A knob in no constraint is a group of its own."""
+        tunable = self.tunable_knob_names()
+        parent = {k: k for k in tunable}
+
+        def find(k):
+            while parent[k] != k:
+                parent[k] = parent[parent[k]]
+                k = parent[k]
+            return k
+
+        for c in self.constraints:
+            ks = [k for k in c.knobs if k in parent]
+            for a, b in zip(ks, ks[1:]):
+                parent[find(a)] = find(b)
+        by_root: dict = {}
+        for k in tunable:
+            by_root.setdefault(find(k), []).append(k)
+        return tuple(tuple(g) for g in sorted(by_root.values(), key=lambda g: tunable.index(g[0])))
+
+    def _problem_domain(self, restrict: Optional[dict]) -> dict:
+        """Allowed values of the problem knobs: every value, or those ``restrict`` names."""
+        out = {}
+        for k in self.knobs:
+            if k.role != "problem":
+                continue
+            vals = tuple(k.values)
+            if restrict and k.name in restrict:
+                given = restrict[k.name]
+                given = tuple(given) if isinstance(given, (list, tuple, set)) else (given,)
+                bad = [v for v in given if v not in k.values]
+                if bad:
+                    raise InvalidConfig(f"{k.name} {bad} not in {list(k.values)}")
+                vals = given
+            out[k.name] = vals
+        return out
+
+    def _group_choices(self, group: tuple, fixed: dict) -> list[tuple]:
+        """Valid value combinations of ``group`` given fixed problem knob values (constraints
+        that involve only the group's knobs and problem knobs)."""
+        key = (group, tuple(sorted(fixed.items(), key=lambda kv: kv[0])))
+        cache = self.__dict__.setdefault("_group_choices_cache", {})
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+        gset = set(group)
+        rules = [c for c in self.constraints if set(c.knobs) & gset]
+        combos = []
+        for combo in itertools.product(*[self.knob(k).values for k in group]):
+            values = dict(fixed, **dict(zip(group, combo)))
+            if all(c.violation(values) is None for c in rules):
+                combos.append(combo)
+        cache[key] = combos
+        return combos
+
+    def iter_space(self, **restrict) -> Iterator[Config]:
+        """Every valid config; problem knobs may be restricted, e.g. ``dtype=["bf16"]``."""
+        domain = self._problem_domain(restrict)
+        names = list(domain)
+        for pvals in itertools.product(*domain.values()):
+            fixed = dict(zip(names, pvals))
+            per_group = [self._group_choices(g, fixed) for g in self.groups]
+            for combos in itertools.product(*per_group):
+                values = dict(fixed)
+                for g, combo in zip(self.groups, combos):
+                    values.update(zip(g, combo))
+                yield Config(self, self.name, tuple(values[n] for n in self.knob_names))
+
+    def space_size(self, **restrict) -> int:
+        """How many valid configs there are, counted per constraint group (not walked)."""
+        domain = self._problem_domain(restrict)
+        total = 0
+        for pvals in itertools.product(*domain.values()):
+            fixed = dict(zip(domain, pvals))
+            total += math.prod(len(self._group_choices(g, fixed)) for g in self.groups)
+        return total
+
+    def distinct_sources(self, configs) -> dict:
+        """One representative config per distinct rendered source, keyed by its source knobs."""
+        out: dict = {}
+        for c in configs:
+            out.setdefault(tuple(sorted(c.source_knobs().items(), key=lambda kv: kv[0])), c)
+        return out
+
+    # -- search parametrisation --------------------------------------------------------
+    @staticmethod
+    def _choice_text(combo: tuple) -> str:
+        return "/".join("None" if v is None else str(v) for v in combo)
+
+    def param_name(self, group: tuple) -> str:
+        return "+".join(group)
+
+    def search_space(self, problem) -> dict:
+        """optuna parameters -> choices for ``problem``: their product is exactly the valid space
+        of the problem's problem-knob values."""
+        fixed = self.problem_values(problem)
+        return {self.param_name(g): [self._choice_text(c) for c in self._group_choices(g, fixed)]
+                for g in self.groups}
+
+    def config_from_params(self, params: dict, problem) -> Config:
+        fixed = self.problem_values(problem)
+        values = dict(fixed)
+        for g in self.groups:
+            text = params[self.param_name(g)]
+            combos = {self._choice_text(c): c for c in self._group_choices(g, fixed)}
+            if text not in combos:
+                raise InvalidConfig(f"{self.param_name(g)}={text!r} is not a choice of the search space")
+            values.update(zip(g, combos[text]))
+        return self.config(**values)
+
+    def params_from_config(self, config: Config) -> dict:
+        return {self.param_name(g): self._choice_text(tuple(getattr(config, k) for k in g)) for g in self.groups}
+
+    def grid_size(self, problem) -> int:
+        return math.prod(len(v) for v in self.search_space(problem).values())
+
+    # -- refinement --------------------------------------------------------------------
+    def neighbours(self, config: Config) -> list[Config]:
+        """Valid configs one knob step from ``config``, the most promising first: one knob changed
+        (knobs in :attr:`refine_order`, values nearest the current first), then two knobs of one
+        constraint group changed together (moves one knob alone cannot make, such as a grid
+        change that needs its CTA count). The moves of the greedy refinement that ends a search."""
+        order = list(self.refine_order) or list(self.tunable_knob_names())
+        order += [k for k in self.tunable_knob_names() if k not in order]
+        rank = {k: i for i, k in enumerate(order)}
+        current = config.to_dict()
+
+        def nearest(knob):
+            vals = list(self.knob(knob).values)
+            i = vals.index(current[knob])
+            return sorted((v for v in vals if v != current[knob]), key=lambda v: (abs(vals.index(v) - i), vals.index(v)))
+
+        out: list = []
+        seen = {config}
+
+        def add(changes):
+            values = {**current, **changes}
+            if self.violation(values) is None:
+                c = Config(self, self.name, tuple(values[n] for n in self.knob_names))
+                if c not in seen:
+                    seen.add(c)
+                    out.append(c)
+
+        for knob in order:
+            for v in nearest(knob):
+                add({knob: v})
+        pairs = []
+        for g in self.groups:
+            for a, b in itertools.combinations(g, 2):
+                pairs.append((min(rank[a], rank[b]), a, b))
+        for _, a, b in sorted(pairs):
+            for va in nearest(a):
+                for vb in nearest(b):
+                    add({a: va, b: vb})
+        return out
+
+    # -- rendering ---------------------------------------------------------------------
+    def macros(self, config: Config) -> dict:
+        return {k.macro: k.code(getattr(config, k.name)) for k in self.knobs if k.role != "launch"}
+
+    def render(self, config: Config) -> str:
+        from kernel_templates import render
+
+        return render(self.template, self.macros(config))
+
+    def template_hash(self) -> str:
+        from kernel_templates import template_hash
+
+        return template_hash(self.template)
+
+    def fingerprint(self) -> str:
+        """A short hash of the declaration's knobs (for cache keys of derived tables)."""
+        text = json.dumps([(k.name, [repr(v) for v in k.values], k.role, k.macro) for k in self.knobs])
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    # -- problem-facing parts, declared by each family ----------------------------------
+    def builtin_default(self, problem) -> Config:
+        """The config served for a problem no table covers (and a search's first start point)."""
+        raise NotImplementedError
+
+    def check_problem(self, problem) -> None:
+        """Raise ValueError when ``problem`` is not one this family can tune."""
+        raise NotImplementedError
+
+    def verify_peers(self, peers: dict, inputs, want) -> Optional[str]:
+        """After timing: why the peers' outputs cannot be trusted, or None."""
+        return None

@@ -1,0 +1,191 @@
+"""Loading compiled variants and launching them on torch-owned device memory (cuda.core).
+
+Together with :mod:`tuner.kernel.compiler` and :mod:`tuner.kernel.arch` this is where every
+direct CUDA call lives. A variant runs on the current torch stream; loaded modules are cached
+per process. Every launch goes through its family's launch plan (input checks, geometry,
+kernel parameters), whether it is a bench launch (:func:`bind`) or the serving path
+(:class:`PackedLaunch`): a kernel never touches memory out of bounds because of a bad pointer
+or count, and what it cannot take is one exception, :class:`~tuner.vocabulary.UnsupportedInput`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional
+
+import numpy as np
+
+from ..vocabulary import UnsupportedInput
+from .arch import device_limits
+from .compiler import compile_config, compile_source
+
+__all__ = ["LaunchError", "LoadedKernel", "BoundLaunch", "PackedLaunch", "load_kernel", "bind", "raw_stream"]
+
+#: kept for readers of older code: what a kernel cannot take
+LaunchError = UnsupportedInput
+
+_MODULES: dict = {}   # sha256 of a CUBIN -> (ObjectCode, Kernel), per process
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+class _StreamHandle:
+    """Wraps a raw CUDA stream handle (torch's) in the __cuda_stream__ protocol of cuda.core."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self):
+        return (0, self.handle)
+
+
+@lru_cache(maxsize=64)
+def _core_stream(handle: int):
+    from cuda.core import Device
+
+    return Device().create_stream(_StreamHandle(handle))
+
+
+def raw_stream(device_index: int) -> int:
+    """The raw handle of torch's current stream on ``device_index`` (bnb reads it the same way)."""
+    return _torch()._C._cuda_getCurrentRawStream(device_index)
+
+
+@lru_cache(maxsize=64)
+def _cu_stream(handle: int):
+    from cuda.bindings import driver
+
+    return driver.CUstream(handle)
+
+
+class LoadedKernel:
+    """A compiled variant, loaded into the current context."""
+
+    def __init__(self, config, arch: Optional[str] = None, source: Optional[str] = None):
+        """``source`` overrides the rendered template (tests use it to plant a wrong kernel)."""
+        from cuda.core import Device, ObjectCode
+
+        from .gpu import require_gpu
+
+        Device().set_current()
+        self.config = config
+        self.family = config.family
+        if source is None:
+            self.compiled = compile_config(config, arch)
+        else:
+            self.compiled = compile_source(source, arch or require_gpu().arch, self.family.kernel_name)
+        # configs that differ only in launch parameters share one source, hence one loaded module
+        key = hashlib.sha256(self.compiled.cubin).hexdigest()
+        loaded = _MODULES.get(key)
+        if loaded is None:
+            module = ObjectCode.from_cubin(self.compiled.cubin)
+            loaded = _MODULES[key] = (module, module.get_kernel(self.family.kernel_name))
+        self.module, self.function = loaded
+
+    def plan(self, inputs, device_index: int = 0):
+        """This variant's launch plan for ``inputs`` on the device (checks and geometry)."""
+        return self.family.plan_for(self.config, inputs, device_limits(device_index), self.compiled.registers)
+
+    def __call__(self, inputs, out):
+        """Check, then launch on ``inputs`` into ``out`` on the current stream."""
+        bind(self, inputs, out)()
+        return out
+
+
+@dataclass
+class BoundLaunch:
+    """A launch with its arguments checked and laid out; calling it launches on the current stream."""
+
+    kernel: LoadedKernel
+    plan: object
+    args: tuple
+
+    def __call__(self):
+        from cuda.core import LaunchConfig, launch
+
+        torch = _torch()
+        stream = _core_stream(torch.cuda.current_stream().cuda_stream)
+        p = self.plan
+        try:
+            launch(stream, LaunchConfig(grid=p.grid, block=p.block, shmem_size=p.smem), self.kernel.function,
+                   *self.args)
+        except Exception as e:
+            raise UnsupportedInput(f"launch of {self.kernel.config.short()} failed: {e}") from None
+
+
+def bind(kernel: LoadedKernel, inputs, out, plan=None) -> BoundLaunch:
+    """Check ``inputs`` and ``out`` through the family's launch plan and lay out the arguments."""
+    plan = plan or kernel.plan(inputs, inputs_device_index(inputs))
+    return BoundLaunch(kernel, plan, kernel.family.launch_args(plan, inputs, out))
+
+
+def inputs_device_index(inputs) -> int:
+    t = getattr(inputs, "A", None)
+    return t.get_device() if t is not None and getattr(t, "is_cuda", False) else 0
+
+
+class PackedLaunch:
+    """One launch plan of a loaded variant with its kernel parameters packed once: per call only
+    the plan's dynamic parameters (pointers, the nested offset) are written into the packed
+    buffer, and ``cuLaunchKernel`` is called directly with it. The serving path of
+    :mod:`tuner.serve.runtime`, where host time per call matters; the buffer is guarded by a
+    lock, so threads may share one instance. The caller has checked the call's tensors through
+    the plan (the runtime does, per call)."""
+
+    def __init__(self, kernel: LoadedKernel, plan):
+        from cuda.bindings import driver
+
+        kinds = plan.PARAM_KINDS
+        self.kernel = kernel
+        self.plan = plan
+        self._vals = np.zeros(len(kinds), dtype=np.uint64)          # one 8-byte slot per parameter
+        u32 = self._vals.view(np.uint32)                              # little endian: low half at 2*i
+        f32 = self._vals.view(np.float32)
+        for slot, v in plan.constants().items():
+            if kinds[slot] == "f32":
+                f32[2 * slot] = v
+            elif kinds[slot] == "u32":
+                u32[2 * slot] = v
+            else:
+                self._vals[slot] = v
+        self._f32 = f32
+        self._dynamic = tuple((slot, kinds[slot] == "f32") for slot in plan.DYNAMIC)
+        self._ptrs = np.array([self._vals.ctypes.data + 8 * i for i in range(len(kinds))], dtype=np.uint64)
+        self._params = int(self._ptrs.ctypes.data)
+        self._function = kernel.function.handle      # a CUkernel: cuLaunchKernel takes it as it takes a CUfunction
+        self._launch = driver.cuLaunchKernel
+        self._ok = driver.CUresult.CUDA_SUCCESS
+        self._geometry = (plan.grid, 1, 1, plan.block, 1, 1, plan.smem)
+        self._lock = threading.Lock()
+
+    def __call__(self, values, stream: int) -> None:
+        """Launch with the dynamic parameters ``values`` (in the plan's DYNAMIC order) on ``stream``."""
+        v, f = self._vals, self._f32
+        with self._lock:
+            for (slot, is_float), x in zip(self._dynamic, values):
+                if is_float:
+                    f[2 * slot] = x
+                else:
+                    v[slot] = x
+            err = self._launch(self._function, *self._geometry, _cu_stream(stream), self._params, 0)[0]
+        if err != self._ok:
+            raise UnsupportedInput(f"launch of {self.kernel.config.short()} failed: {err!r}")
+
+
+_KERNELS: dict = {}
+
+
+def load_kernel(config, arch: Optional[str] = None) -> LoadedKernel:
+    """The loaded kernel for ``config`` (compiled through the disk cache, cached per process)."""
+    key = (config, arch)
+    k = _KERNELS.get(key)
+    if k is None:
+        k = _KERNELS[key] = LoadedKernel(config, arch)
+    return k

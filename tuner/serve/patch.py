@@ -1,0 +1,139 @@
+"""The bitsandbytes patch: bnb's own entry points routed through nf4-tune's runtimes.
+
+:func:`patch_bitsandbytes` swaps, for CUDA tensors:
+
+- ``bitsandbytes.functional.dequantize_4bit`` (which ``Linear4bit`` and ``matmul_4bit`` call when
+  autograd is on) for :func:`tuner.serve.runtime.dequantize_4bit`;
+- the CUDA backend's ``_dequant_linear_fallback`` (the dequantize-then-matmul path of
+  ``gemm_4bit`` past 1536 rows without autograd) likewise.
+
+Calls with CPU tensors keep bnb's own path (counted as ``cpu_handoffs`` in ``stats()``); CUDA
+inputs the fused kernel cannot take run bnb's own kernel with a one-time ``RuntimeWarning``
+(``bnb_handoffs``). As a context manager, or as a call whose result's ``undo()`` restores bnb.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+
+from ..vocabulary import UnsupportedInput
+from . import runtime
+
+__all__ = ["patch_bitsandbytes", "BnbPatch"]
+
+
+class BnbPatch:
+    """Swaps bnb's entry points for the runtimes', and back."""
+
+    def __init__(self):
+        import bitsandbytes.functional as F
+
+        self._undo = []
+        self._warned = False
+        self._states = {}
+        original = F.dequantize_4bit
+
+        def patched_dequantize_4bit(A, quant_state=None, absmax=None, out=None, blocksize=None, quant_type="fp4"):
+            if not getattr(A, "is_cuda", False):
+                runtime.count("cpu_handoffs")
+                return original(A, quant_state, absmax, out, blocksize, quant_type)
+            try:
+                return runtime.dequantize_4bit(A, quant_state, absmax, out, blocksize, quant_type)
+            except UnsupportedInput as e:
+                return self.hand_to_bnb(e, original, A, quant_state, absmax, out, blocksize, quant_type)
+
+        patched_dequantize_4bit.__wrapped__ = original
+        patched_dequantize_4bit.__doc__ = "nf4-tune runtime in place of bnb's dequantize_4bit (CUDA tensors)."
+        self.swap(F, "dequantize_4bit", patched_dequantize_4bit)
+
+        try:
+            import bitsandbytes.backends.cuda.ops as cuda_ops
+        except Exception:  # bnb without its CUDA backend (a CPU build of torch)
+            cuda_ops = None
+        fallback = getattr(cuda_ops, "_dequant_linear_fallback", None)
+        if fallback is not None:
+            self._patch_dequant_linear(cuda_ops, fallback)
+
+    def _patch_dequant_linear(self, cuda_ops, fallback):
+        from bitsandbytes.functional import QuantState
+
+        def patched_dequant_linear(A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None,
+                                   absmax_code=None, absmax_offset=None):
+            import torch
+
+            if not A.is_cuda:
+                runtime.count("cpu_handoffs")
+                return fallback(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code,
+                                absmax_offset)
+            qs = self.quant_state(QuantState, A.dtype, shapeB, absmax, blocksize, quant_type, absmax_8bit,
+                                  absmax_code, absmax_offset)
+            try:
+                B_dq = runtime.dequantize_4bit(B, qs)
+            except UnsupportedInput as e:
+                return self.hand_to_bnb(e, fallback, A, B, shapeB, absmax, blocksize, quant_type, bias,
+                                        absmax_8bit, absmax_code, absmax_offset)
+            if B_dq.shape != torch.Size(shapeB):   # B given in the [1, n] form
+                B_dq = B_dq.t()
+            return torch.nn.functional.linear(A, B_dq, bias)
+
+        self.swap(cuda_ops, "_dequant_linear_fallback", patched_dequant_linear)
+
+    def quant_state(self, QuantState, dtype, shapeB, absmax, blocksize, quant_type, absmax_8bit, absmax_code,
+                    absmax_offset):
+        """One QuantState per weight, kept while its tensors live: the runtimes then check it (and
+        read the nested offset back) once, not on every forward."""
+        import torch
+
+        key = (id(absmax_8bit), id(absmax), id(absmax_code), id(absmax_offset), tuple(shapeB), blocksize, quant_type,
+               dtype)
+        hit = self._states.get(key)
+        if hit is not None and all(r() is t for r, t in zip(hit[0], (absmax_8bit, absmax))):
+            return hit[1]
+        if absmax_8bit is not None:
+            state2 = QuantState(absmax=absmax, code=absmax_code, blocksize=256, dtype=torch.float32)
+            qs = QuantState(absmax=absmax_8bit, shape=torch.Size(shapeB), dtype=dtype, blocksize=blocksize,
+                            quant_type=quant_type, offset=absmax_offset, state2=state2)
+        else:
+            qs = QuantState(absmax=absmax, shape=torch.Size(shapeB), dtype=dtype, blocksize=blocksize,
+                            quant_type=quant_type)
+        refs = tuple(weakref.ref(t) if t is not None else (lambda: None) for t in (absmax_8bit, absmax))
+        self._states[key] = (refs, qs)
+        return qs
+
+    def swap(self, module, name, new):
+        old = getattr(module, name)
+        setattr(module, name, new)
+        self._undo.append((module, name, old))
+
+    def hand_to_bnb(self, err, fn, *args):
+        runtime.count("bnb_handoffs")
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"nf4-tune runtime: {err}; this call (and later ones like it) runs bnb's own kernel",
+                          RuntimeWarning, stacklevel=3)
+        return fn(*args)
+
+    @property
+    def active(self) -> bool:
+        return bool(self._undo)
+
+    def undo(self) -> None:
+        """Put bnb's functions back (in reverse order of patching). Safe to call twice."""
+        while self._undo:
+            module, name, old = self._undo.pop()
+            setattr(module, name, old)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.undo()
+        return False
+
+
+def patch_bitsandbytes() -> BnbPatch:
+    """Route bnb's ``dequantize_4bit`` (and with it ``Linear4bit`` and ``matmul_4bit`` wherever they
+    dequantize) through nf4-tune for CUDA tensors; other devices keep bnb's own path.
+    Use as ``with patch_bitsandbytes(): ...`` or ``p = patch_bitsandbytes(); ...; p.undo()``."""
+    return BnbPatch()

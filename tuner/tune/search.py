@@ -1,0 +1,330 @@
+"""``nf4-tune search``: one optuna study per (GPU model, problem), every trial stored.
+
+The search space is the family's parametrisation (:meth:`tuner.family.Family.search_space`):
+knobs tied by a constraint are one categorical parameter whose choices are the valid
+combinations, so every sample is a valid config and the constraints cost no trials. Studies
+live in the same database as the measurements (optuna's RDB storage), named
+``nf4-tune/<gpu>/<problem>``, so running the same command again resumes them, and several
+workers (one per GPU) can share one. Each measuring worker records a heartbeat; a trial left
+RUNNING by a killed worker is failed on resume or by another worker (optuna's
+``fail_stale_trials``), so no study keeps a RUNNING trial forever.
+
+A trial is measured by a :class:`Measurer`. The real one runs every candidate in a worker
+process that is restarted when it dies or hangs, so an illegal memory access (which poisons
+the CUDA context) or a hung kernel becomes an invalid trial and the search goes on.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from ..families import get as get_family
+from ..vocabulary import Problem, speedup
+from .trial import Measurer, TrialOutcome
+
+__all__ = ["study_name", "TrialOutcome", "Measurer", "SearchSummary", "run_search", "run_searches", "SearchRun",
+           "make_sampler", "SAMPLERS", "fail_stale_trials",
+           "nearest_best", "refine_trials", "HEARTBEAT_S", "GRACE_S"]
+
+SAMPLERS = ("tpe", "gp", "random", "grid")
+#: a measuring worker records a heartbeat this often; a RUNNING trial whose heartbeat is older
+#: than the grace period belongs to a dead process and is failed (on resume or by another worker)
+HEARTBEAT_S = 5.0
+GRACE_S = 20.0
+
+
+
+def _ignore_heartbeat_notes():
+    """The heartbeat is what this module is built on (ask/tell with its own heartbeat thread):
+    optuna's warnings that it is experimental and meant for Study.optimize are expected here."""
+    warnings.filterwarnings("ignore", message=r"Heartbeat of storage is supposed to be used with Study\.optimize")
+    warnings.filterwarnings("ignore", message=r".*(heartbeat_interval|grace_period|fail_stale_trials).*experimental")
+
+
+def study_name(gpu_name: str, problem: Problem) -> str:
+    return f"nf4-tune/{gpu_name}/{problem.label().replace(' ', '/')}"
+
+
+def make_sampler(name: str, seed: Optional[int], search_space: Optional[dict] = None):
+    import optuna
+
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True, group=False)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        return optuna.samplers.GridSampler(search_space, seed=seed)
+    raise ValueError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")
+
+
+@dataclass
+class SearchSummary:
+    problem: Problem
+    study: str
+    trials: int                       # finished trials in the study
+    new_trials: int                   # finished by this call
+    measured: int                     # of those, measured on the GPU (the rest came from the database)
+    best_config: object                # a tuner.family.Config, or None
+    best_us: Optional[float]
+    best_result: Optional[dict]
+    blog_us: Optional[float]
+    seconds: float
+
+
+def _storage(url: str, attempts: int = 8):
+    """optuna's RDB storage on ``url``, with heartbeats. Workers that start together on a fresh
+    database race to create optuna's tables; the loser retries and finds them made."""
+    import optuna
+    from sqlalchemy.exc import SQLAlchemyError
+
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    for i in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=int(HEARTBEAT_S),
+                                              grace_period=int(GRACE_S))
+        except (SQLAlchemyError, RuntimeError):
+            if i == attempts - 1:
+                raise
+            time.sleep(0.2 * (i + 1))
+
+
+def _finished(study) -> list:
+    from optuna.trial import TrialState
+
+    return [t for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.FAIL)]
+
+
+class _Heartbeat:
+    """Records a running trial's heartbeat every HEARTBEAT_S seconds while it is measured, so that
+    a worker that dies mid-trial leaves a trial other workers (or a resume) can fail."""
+
+    def __init__(self, storage, trial_id: int):
+        self._storage, self._trial_id = storage, trial_id
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _beat(self):
+        while True:
+            try:
+                self._storage.record_heartbeat(self._trial_id)
+            except Exception:   # the storage is busy or gone: the next beat tries again
+                pass
+            if self._stop.wait(HEARTBEAT_S):
+                return
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(timeout=HEARTBEAT_S + 5)
+
+
+def fail_stale_trials(study) -> list[int]:
+    """Mark FAIL the RUNNING trials whose worker stopped beating (killed, crashed); their numbers."""
+    import optuna
+
+    try:
+        return list(optuna.storages.fail_stale_trials(study) or [])
+    except Exception:
+        return []
+
+
+def run_search(problem: Problem, *, repo, storage_url: str, gpu_name: str, run, measurer: Measurer,
+               n_trials: int = 30, sampler: str = "tpe", seed: Optional[int] = None,
+               timeout: Optional[float] = None, remeasure: bool = False,
+               progress: Optional[Callable[[int, int, Optional[float], Optional[float]], None]] = None,
+               template_hash: Optional[str] = None) -> SearchSummary:
+    """Run (or resume) the study of ``problem`` until it holds ``n_trials`` finished trials
+    (or ``timeout`` seconds pass). Every trial's measurement is stored through ``repo``."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with warnings.catch_warnings():
+        _ignore_heartbeat_notes()
+        return _run_search(problem, repo=repo, storage_url=storage_url, gpu_name=gpu_name, run=run, measurer=measurer,
+                           n_trials=n_trials, sampler=sampler, seed=seed, timeout=timeout, remeasure=remeasure,
+                           progress=progress, template_hash=template_hash)
+
+
+def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials, sampler, seed, timeout, remeasure,
+                progress, template_hash) -> SearchSummary:
+    import optuna
+    from optuna.trial import TrialState
+
+    family = get_family(problem.family)
+    family.check_problem(problem)
+    th = template_hash or family.template_hash()
+    space = family.search_space(problem)
+    distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()}
+    name = study_name(gpu_name, problem)
+    storage = _storage(storage_url)
+    study = optuna.create_study(study_name=name, storage=storage, direction="minimize",
+                                sampler=make_sampler(sampler, seed, space), load_if_exists=True)
+    fail_stale_trials(study)
+    if not study.get_trials(deepcopy=False):
+        # start from known good points: the built-in default, the presets and the best of the
+        # nearest tuned problem
+        starts = [family.builtin_default(problem)] + [family.preset(n, problem) for n in family.presets]
+        near = nearest_best(repo, gpu_name, problem)
+        if near is not None:
+            starts.insert(0, near)
+        for c in dict.fromkeys(starts):
+            study.enqueue_trial(family.params_from_config(c), skip_if_exists=True)
+    limit = min(n_trials, family.grid_size(problem)) if sampler == "grid" else n_trials
+    t0 = time.perf_counter()
+    new = measured = 0
+    best_us = None
+    peer_seen: list = []   # the peer's median of each trial measured here: their median is the x-bnb basis
+    while True:
+        done = len(_finished(study))
+        if done >= limit or (timeout is not None and time.perf_counter() - t0 > timeout):
+            break
+        if sampler != "grid" and limit - done <= refine_trials(limit):
+            _enqueue_refinement(study, family, problem)
+        trial = study.ask(distributions)
+        config = family.config_from_params(trial.params, problem)
+        trial.set_user_attr("config", config.to_json())
+        stored = None if remeasure else repo.measurement_of(gpu_name, problem, config.to_dict(), th)
+        if stored is not None:
+            outcome = TrialOutcome(stored.status, stored.median_us, stored.reason)
+            trial.set_user_attr("from_database", True)
+        else:
+            try:
+                with _Heartbeat(storage, trial._trial_id):
+                    outcome = measurer.measure(problem, config)
+            except KeyboardInterrupt:
+                study.tell(trial, state=TrialState.FAIL)
+                raise
+            measured += 1
+            row = repo.config(config.to_dict(), th, family.name)
+            for r in outcome.results:
+                repo.add_measurement(run, problem, r, row if r.get("config") else None, gpu_state=outcome.gpu_state,
+                                     bnb_median_us=outcome.bnb_median_us)
+        try:
+            trial.set_user_attr("status", outcome.status)
+            if outcome.status == "ok" and outcome.median_us is not None:
+                study.tell(trial, outcome.median_us)
+            else:
+                trial.set_user_attr("reason", (outcome.reason or "")[:2000])
+                study.tell(trial, state=TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # two workers popped the same enqueued trial (a storage race), or a trial this
+            # worker measured past the grace period was failed as stale: the measurement is
+            # stored all the same
+            continue
+        new += 1
+        try:
+            best_us = study.best_value
+        except ValueError:
+            best_us = None
+        if outcome.bnb_median_us:
+            peer_seen.append(outcome.bnb_median_us)
+        if progress:
+            progress(len(_finished(study)), limit, best_us, statistics.median(peer_seen) if peer_seen else None)
+    best = repo.best(gpu_name, problem)
+    best_config = family.from_dict(best[0]) if best else None
+    blog = None
+    if "blog" in family.presets:
+        blog = repo.measurement_of(gpu_name, problem, family.preset("blog", problem).to_dict(), th)
+    # x bnb against the median of the peer's medians over every trial of this problem (one
+    # trial's peer median alone varies by more than the kernels being compared)
+    peer_all = repo.reference_medians(gpu_name, problem, family.peer_label)
+    peer_us = statistics.median(peer_all) if peer_all else None
+    return SearchSummary(problem=problem, study=name, trials=len(_finished(study)), new_trials=new, measured=measured,
+                         best_config=best_config, best_us=best[1].median_us if best else None,
+                         best_result=dict(median_us=best[1].median_us, gbps=best[1].gbps, pct_copy=best[1].pct_copy,
+                                          speedup=speedup(peer_us, best[1].median_us),
+                                          speedup_same_trial=best[1].speedup) if best else None,
+                         blog_us=blog.median_us if blog is not None and blog.status == "ok" else None,
+                         seconds=time.perf_counter() - t0)
+
+
+def refine_trials(n_trials: int) -> int:
+    """How many of a search's last trials are local refinement around the best (a third)."""
+    return n_trials // 3
+
+
+def _trial_config(family, trial, problem):
+    """The config a finished trial measured (its stored JSON; params as a fallback)."""
+    text = trial.user_attrs.get("config")
+    if text:
+        try:
+            return family.from_json(text)
+        except ValueError:
+            pass
+    return family.config_from_params(trial.params, problem)
+
+
+def _enqueue_refinement(study, family, problem: Problem) -> None:
+    """Queue the first untried neighbour of the study's best config (greedy local search: the
+    next call sees the new best if this one wins)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    tried = {tuple(sorted(t.params.items())) for t in trials if t.params}
+    tried |= {tuple(sorted(t.system_attrs.get("fixed_params", {}).items())) for t in trials
+              if t.state == TrialState.WAITING}
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+    if not done:
+        return
+    best = min(done, key=lambda t: t.value)
+    for n in family.neighbours(_trial_config(family, best, problem)):
+        p = family.params_from_config(n)
+        if tuple(sorted(p.items())) not in tried:
+            study.enqueue_trial(p, skip_if_exists=True)
+            return
+
+
+def nearest_best(repo, gpu_name: str, problem: Problem):
+    """The best stored config of the nearest other problem of the same family on this GPU model
+    (:meth:`Problem.distance`), converted to this problem's problem knobs (dtype, quant)."""
+    others = [p for g, p in repo.problems(gpu_name, family=problem.family) if g == gpu_name and p != problem]
+    if not others:
+        return None
+    near = min(others, key=problem.distance)
+    best = repo.best(gpu_name, near)
+    if best is None:
+        return None
+    family = get_family(problem.family)
+    return family.for_problem(family.from_dict(best[0]), problem)
+
+
+@dataclass
+class SearchRun:
+    run_id: int
+    url: str
+    summaries: list
+
+
+def run_searches(problems, *, url: str, gpu, n_trials: int = 30, sampler: str = "tpe", seed: Optional[int] = None,
+                 timeout: Optional[float] = None, remeasure: bool = False, time_cap_s: float = 1.0,
+                 command: str = "", progress_for=None, measurer=None) -> SearchRun:
+    """Search every problem on ``gpu`` into the database at ``url`` under one recorded run,
+    measuring in a restartable worker process: the library call of ``nf4-tune search``.
+    ``progress_for(problem)`` gives each search's progress callback."""
+    from ..measure.record import recorded_run
+    from .worker import WorkerMeasurer
+
+    summaries = []
+    own = measurer is None
+    measurer = measurer or WorkerMeasurer(options=dict(time_cap_s=time_cap_s))
+    try:
+        with recorded_run("search", url, gpu, command=command) as rec:
+            for prob in problems:
+                summaries.append(run_search(prob, repo=rec.repo, storage_url=url, gpu_name=gpu.name, run=rec.run,
+                                            measurer=measurer, n_trials=n_trials, sampler=sampler, seed=seed,
+                                            timeout=timeout, remeasure=remeasure,
+                                            progress=progress_for(prob) if progress_for else None))
+    finally:
+        if own:
+            measurer.close()
+    return SearchRun(rec.run.id, url, summaries)
