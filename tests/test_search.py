@@ -122,7 +122,7 @@ def test_two_workers_share_one_study(db_url):
     finished = [t for t in study.trials if t.state.is_finished()]
     assert len(numbers) == len(set(numbers))                  # no trial repeated
     assert 24 <= len(finished) <= 25                          # none lost (one may overshoot by a worker)
-    assert all(t.state.is_finished() for t in study.trials)   # none left running
+    assert all(t.state.is_finished() for t in study.trials), [(t.number, t.state.name, t.system_attrs) for t in study.trials if not t.state.is_finished()]   # none left running
 
 
 @pytest.mark.parametrize("target, reason", [

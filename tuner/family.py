@@ -61,7 +61,7 @@ class Knob:
     name: str
     values: tuple
     role: str = "source"
-    macro: Optional[str] = None
+    macro: Optional[str] = None         # a problem knob without one only names the problem
     codes: Optional[dict] = None
     label: str = "{}"
     help: str = ""
@@ -69,8 +69,8 @@ class Knob:
     def __post_init__(self):
         if self.role not in ROLES:
             raise ValueError(f"knob {self.name}: role {self.role!r} is not one of {ROLES}")
-        if self.role != "launch" and self.macro is None:
-            raise ValueError(f"knob {self.name}: a {self.role} knob needs the macro it sets")
+        if self.role == "source" and self.macro is None:
+            raise ValueError(f"knob {self.name}: a source knob needs the macro it sets")
 
     def code(self, value) -> int:
         if self.codes is not None:
@@ -122,8 +122,9 @@ class Config:
 
     # -- derived -------------------------------------------------------------------
     def source_knobs(self) -> dict:
-        """The knobs that change the CUDA source (the rest change only the launch)."""
-        return {k.name: v for k, v in zip(self.family.knobs, self.values) if k.role != "launch"}
+        """The knobs that change the CUDA source (the rest change only the launch, or only say
+        which problem the config is for)."""
+        return {k.name: v for k, v in zip(self.family.knobs, self.values) if k.role != "launch" and k.macro}
 
     def tunable(self) -> dict:
         return {k.name: v for k, v in zip(self.family.knobs, self.values) if k.role != "problem"}
@@ -211,7 +212,7 @@ class Family:
         return self.knobs[self.knob_index[name]]
 
     def source_knob_names(self) -> tuple:
-        return tuple(k.name for k in self.knobs if k.role != "launch")
+        return tuple(k.name for k in self.knobs if k.role != "launch" and k.macro)
 
     def tunable_knob_names(self) -> tuple:
         return tuple(k.name for k in self.knobs if k.role != "problem")
@@ -437,7 +438,7 @@ class Family:
 
     # -- rendering ---------------------------------------------------------------------
     def macros(self, config: Config) -> dict:
-        return {k.macro: k.code(getattr(config, k.name)) for k in self.knobs if k.role != "launch"}
+        return {k.macro: k.code(getattr(config, k.name)) for k in self.knobs if k.role != "launch" and k.macro}
 
     def render(self, config: Config) -> str:
         from kernel_templates import render
@@ -461,6 +462,10 @@ class Family:
 
     def check_problem(self, problem) -> None:
         """Raise ValueError when ``problem`` is not one this family can tune."""
+        raise NotImplementedError
+
+    def compare(self, got, want, inputs, config=None) -> Optional[str]:
+        """Why ``got`` (the variant ``config``'s output) is not acceptable against ``want``, or None."""
         raise NotImplementedError
 
     def verify_peers(self, peers: dict, inputs, want) -> Optional[str]:

@@ -54,7 +54,7 @@ def add_parser(sub):
     p.set_defaults(func=run)
 
 
-def candidates_from_args(args, family, problem_values: dict) -> list:
+def candidates_from_args(args, family, problem_values: dict, problem=None) -> list:
     """(label, config) pairs the arguments name, validated before any GPU work."""
     cands = [config_from_option(family, "--config", text, problem_values) for text in args.config]
     names = {}
@@ -77,8 +77,12 @@ def candidates_from_args(args, family, problem_values: dict) -> list:
             raise UserError(f"--sweep {' '.join(args.sweep)}: every combination breaks a constraint of the space")
         cands += swept
     if not cands:
-        cands = [family.preset(n, **problem_values) for n in family.presets] or [family.config(**problem_values)]
+        cands = [family.preset(n, **problem_values) for n in family.presets]
         names = {c: n for c, n in zip(cands, family.presets)}
+        if family.name != "dequant":
+            default = family.builtin_default(problem)
+            names.setdefault(default, "built-in default")
+            cands.append(default)
     seen = {}
     for c in cands:
         seen.setdefault(c, f"{names[c]}: {c.short()}" if c in names else c.short())
@@ -97,15 +101,13 @@ def run(args) -> int:
         return _exhaustive(args)
     problems = problems_from_args(args)
     family = get_family(args.family)
-    candidates = candidates_from_args(args, family, family.problem_values(problems[0]))
-    if len({tuple(family.problem_values(p).items()) for p in problems}) > 1:
-        raise UserError("one bench run takes problems of one dtype and quant type")
+    candidates = {p: candidates_from_args(args, family, family.problem_values(p), p) for p in problems}
     gpu = require_gpu()
     from ..measure.bench import format_report, run_bench
     from ..measure.record import recorded_run
 
     def progress(i, n, prob):
-        print(f"[{i + 1}/{n}] {prob.label()}: gating and timing {len(candidates)} config(s)", file=sys.stderr,
+        print(f"[{i + 1}/{n}] {prob.label()}: gating and timing {len(candidates[prob])} config(s)", file=sys.stderr,
               flush=True)
 
     def go(recorded):

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from ..family import Family
 from .dequant import DEQUANT
+from .matmul import MATMUL
 
-__all__ = ["FAMILIES", "get", "DEQUANT"]
+__all__ = ["FAMILIES", "get", "DEQUANT", "MATMUL"]
 
 #: name -> family, in the order --help lists them
-FAMILIES: dict = {DEQUANT.name: DEQUANT}
+FAMILIES: dict = {DEQUANT.name: DEQUANT, MATMUL.name: MATMUL}
 
 
 def get(name: str) -> Family:

@@ -358,7 +358,7 @@ class DequantFamily(Family):
             return torch.full(inputs.shape, float("nan"), device=inputs.A.device, dtype=dtype)
         return torch.empty(inputs.shape, device=inputs.A.device, dtype=dtype)
 
-    def compare(self, got, want, inputs: DequantInputs) -> Optional[str]:
+    def compare(self, got, want, inputs: DequantInputs, config=None) -> Optional[str]:
         """Bit for bit against bnb's CUDA output."""
         return mismatch_report(got, want)
 

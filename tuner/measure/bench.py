@@ -128,7 +128,7 @@ def bench_problem(problem: Problem, candidates: Sequence[tuple], seed: Optional[
         out.fill_(float("nan"))
         launch()
         torch.cuda.synchronize()
-        bad = family.compare(out, want, inputs)
+        bad = family.compare(out, want, inputs, config)
         if bad:  # the timed data itself must also pass
             results.append(BenchResult(label, config.to_dict(), "invalid", f"timed data: {bad}"))
             continue
@@ -193,15 +193,17 @@ def format_report(rep: ProblemReport, top: Optional[int] = None) -> str:
     return "\n".join(lines)
 
 
-def run_bench(problems: Sequence[Problem], candidates: Sequence[tuple], *, recorded=None, seed: Optional[int] = None,
+def run_bench(problems: Sequence[Problem], candidates, *, recorded=None, seed: Optional[int] = None,
               time_cap_s: float = 3.0, flush_mode: str = "read", progress=None) -> list[ProblemReport]:
-    """Bench ``candidates`` on every problem (storing each report in ``recorded``, a
-    :class:`tuner.measure.record.RecordedRun`, when given): the library call of ``nf4-tune bench``."""
+    """Bench the candidates ((label, config) pairs, or a mapping problem -> pairs) on every problem
+    (storing each report in ``recorded``, a :class:`tuner.measure.record.RecordedRun`, when
+    given): the library call of ``nf4-tune bench``."""
     reports = []
     for i, prob in enumerate(problems):
         if progress:
             progress(i, len(problems), prob)
-        rep = bench_problem(prob, candidates, seed=None if seed is None else seed + 1000 * i, time_cap_s=time_cap_s,
+        cands = candidates[prob] if isinstance(candidates, dict) else candidates
+        rep = bench_problem(prob, cands, seed=None if seed is None else seed + 1000 * i, time_cap_s=time_cap_s,
                             flush_mode=flush_mode)
         if recorded is not None:
             recorded.store(rep)

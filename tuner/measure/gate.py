@@ -54,7 +54,7 @@ def check_config(config, problem: Problem, seed: Optional[int] = None, shapes: O
         except Exception as e:
             return GateResult(ok=False, reason=f"shape {tuple(shape)}: {type(e).__name__}: {e}",
                               checked=result.checked, seed=seed)
-        bad = family.compare(out, want, inputs)
+        bad = family.compare(out, want, inputs, config)
         result.checked.append(tuple(shape))
         if bad:
             return GateResult(ok=False, reason=f"shape {tuple(shape)} (seed {seed + i}): {bad}", checked=result.checked,

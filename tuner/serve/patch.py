@@ -5,7 +5,11 @@
 - ``bitsandbytes.functional.dequantize_4bit`` (which ``Linear4bit`` and ``matmul_4bit`` call when
   autograd is on) for :func:`tuner.serve.runtime.dequantize_4bit`;
 - the CUDA backend's ``_dequant_linear_fallback`` (the dequantize-then-matmul path of
-  ``gemm_4bit`` past 1536 rows without autograd) likewise.
+  ``gemm_4bit``) likewise;
+- bnb's grad-free ``gemm_4bit`` (``matmul_4bit`` / ``Linear4bit`` in inference, M = 1..64):
+  both of its paths (the fused kernel and the dequantize-then-matmul fallback) first ask
+  :func:`tuner.serve.matmul.served_gemm`, which runs the tuned matmul kernel wherever one was
+  measured faster than bnb at that batch bucket; elsewhere bnb's own path runs (``matmul_bnb``).
 
 Calls with CPU tensors keep bnb's own path (counted as ``cpu_handoffs`` in ``stats()``); CUDA
 inputs the fused kernel cannot take run bnb's own kernel with a one-time ``RuntimeWarning``
@@ -54,6 +58,31 @@ class BnbPatch:
         fallback = getattr(cuda_ops, "_dequant_linear_fallback", None)
         if fallback is not None:
             self._patch_dequant_linear(cuda_ops, fallback)
+        kernel_impl = getattr(cuda_ops, "_gemm_4bit_kernel_impl", None)
+        if kernel_impl is not None:
+            self._patch_gemm_kernel(cuda_ops, kernel_impl)
+
+    def _served_gemm(self, A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code,
+                     absmax_offset):
+        from bitsandbytes.functional import QuantState
+
+        from .matmul import served_gemm
+
+        return served_gemm(A, B, shapeB, blocksize, quant_type, bias,
+                           lambda: self.quant_state(QuantState, A.dtype, shapeB, absmax, blocksize, quant_type,
+                                                    absmax_8bit, absmax_code, absmax_offset))
+
+    def _patch_gemm_kernel(self, cuda_ops, kernel_impl):
+        def patched_gemm_kernel(A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None,
+                                absmax_code=None, absmax_offset=None):
+            y = self._served_gemm(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code,
+                                  absmax_offset)
+            if y is not None:
+                return y
+            return kernel_impl(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code,
+                               absmax_offset)
+
+        self.swap(cuda_ops, "_gemm_4bit_kernel_impl", patched_gemm_kernel)
 
     def _patch_dequant_linear(self, cuda_ops, fallback):
         from bitsandbytes.functional import QuantState
@@ -66,6 +95,10 @@ class BnbPatch:
                 runtime.count("cpu_handoffs")
                 return fallback(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code,
                                 absmax_offset)
+            y = self._served_gemm(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code,
+                                  absmax_offset)
+            if y is not None:
+                return y
             qs = self.quant_state(QuantState, A.dtype, shapeB, absmax, blocksize, quant_type, absmax_8bit,
                                   absmax_code, absmax_offset)
             try:

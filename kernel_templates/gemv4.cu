@@ -1,0 +1,544 @@
+// nf4-tune kernel family: fused 4-bit (NF4 / FP4) matmul for decode, bitsandbytes format.
+//
+//   y[m, n] = sum_k A[m, k] * W[n, k]  (+ bias[n])       W = dequant(B, quant_state), N x K
+//
+// straight from bnb's packed weight B (row n's K/2 bytes at B + n*K/2, first value of a byte in
+// its HIGH nibble) and its QuantState, the nested absmax decoded in the kernel:
+//
+//   scale[b] = fl( fl(code2[absmax_q[b]] * absmax2[b >> log2_g]) + offset )   nested
+//   scale[b] = absmax_f[b]                                                   plain
+//   b        = (n*K + k) >> log2_blocksize            (K % blocksize == 0: a block never
+//                                                      straddles two rows)
+//
+// Work: a CTA owns WARPS x ROWS_PER_WARP rows of W, a slice of K (split-K: gridDim.y slices)
+// and MTILE rows of A (gridDim.z tiles). A lane always covers whole, block-aligned runs of K
+// (8, 16 or 32 values), so one scale serves a lane's run.
+//
+// The knobs arrive as macros, written by the family declaration (tuner/families/matmul.py):
+//   NF4T_MMA     0 SIMT: fp32 FMAs on CUDA cores. Per k-iteration each lane loads its run of A
+//                once (to fp32 registers) and reuses it for all ROWS_PER_WARP rows: A is read
+//                once per ROWS_PER_WARP rows, not once per row.
+//                1 tensor cores: mma.sync.m16n8k16 (bf16/fp16) with the batch padded to 8 or 16.
+//                The weight is decoded to the operand dtype exactly as bnb's dequantize_4bit
+//                rounds it (fl(lut * scale), round to nearest even) and accumulated in fp32.
+//                K is permuted consistently on both operands (lane (g, t) takes K run t*32 of
+//                each 128-wide window), so the weights are loaded with 16-byte loads as they lie.
+//   NF4T_LOAD    bytes of W one lane loads per row per k-iteration: 4, 8 or 16 (one load of that
+//                width; 8, 16 or 32 values). The MMA path loads 16.
+//   NF4T_RPW     rows of W per warp: SIMT 1..32 (all their loads issued before first use: more
+//                bytes in flight); MMA 16, 32 or 64 (tiles of 16 rows).
+//   NF4T_MTILE   rows of A per CTA: SIMT 1, 2, 4, 8 (each its own fp32 registers); MMA 8 or 16
+//                (one or two n8 tiles of the mma).
+//   NF4T_LUT     0 shared: the 16-entry code in shared memory (16 entries in 16 banks: a warp's
+//                lookups never conflict); 1 register: a 4-level select tree, no memory.
+//   NF4T_ASTAGE  0 global: each warp reads its run of A per k-iteration from global memory (L1
+//                and L2 hits: A is small and every CTA reads it); 1 shared: the CTA copies its
+//                K slice of A x MTILE into shared memory once (dynamic shared memory).
+//   NF4T_SCALE   0 value: every weight scaled before the product (w = fl(lut * scale));
+//                1 block: sum lut[q] * a over the lane's run, then one multiply by the scale.
+//                (SIMT only; the MMA path scales per value.)
+//   NF4T_WLOAD   0 plain loads of W; 1 streaming: ld.global.nc.L1::no_allocate (W is read once).
+//   NF4T_ACT     0 bf16, 1 fp16, 2 fp32 activations (and output, bias)
+//   NF4T_QUANT   0 nf4, 1 fp4
+// Launch knobs (not macros): threads per CTA (WARPS x 32, read as blockDim.x) and the split-K
+// count (gridDim.y).
+//
+// Split-K (gridDim.y > 1): every CTA adds its partial sums to an fp32 workspace with atomics and
+// counts itself in per-tile counters; the last CTA of a tile adds the bias, rounds, writes y and
+// puts the workspace and the counter back to zero, so one launch does it all and the workspace
+// stays ready for the next (no memset launch; CUDA-graph friendly).
+//
+// Multiplies and adds of the scale are __fmul_rn / __fadd_rn, as bnb's dequantize computes them.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef unsigned char u8;
+
+#if NF4T_QUANT == 0
+#define NF4T_V0 -1.0f
+#define NF4T_V1 -0.6961928009986877f
+#define NF4T_V2 -0.5250730514526367f
+#define NF4T_V3 -0.39491748809814453f
+#define NF4T_V4 -0.28444138169288635f
+#define NF4T_V5 -0.18477343022823334f
+#define NF4T_V6 -0.09105003625154495f
+#define NF4T_V7 0.0f
+#define NF4T_V8 0.07958029955625534f
+#define NF4T_V9 0.16093020141124725f
+#define NF4T_V10 0.24611230194568634f
+#define NF4T_V11 0.33791524171829224f
+#define NF4T_V12 0.44070982933044434f
+#define NF4T_V13 0.5626170039176941f
+#define NF4T_V14 0.7229568362236023f
+#define NF4T_V15 1.0f
+#else
+#define NF4T_V0 0.0f
+#define NF4T_V1 0.005208333333f
+#define NF4T_V2 0.66666667f
+#define NF4T_V3 1.0f
+#define NF4T_V4 0.33333333f
+#define NF4T_V5 0.5f
+#define NF4T_V6 0.16666667f
+#define NF4T_V7 0.25f
+#define NF4T_V8 -0.0f
+#define NF4T_V9 -0.005208333333f
+#define NF4T_V10 -0.66666667f
+#define NF4T_V11 -1.0f
+#define NF4T_V12 -0.33333333f
+#define NF4T_V13 -0.5f
+#define NF4T_V14 -0.16666667f
+#define NF4T_V15 -0.25f
+#endif
+
+#if NF4T_ACT == 2
+typedef float act_t;
+#else
+typedef unsigned short act_t;
+#endif
+
+#define NF4T_VPL (2 * NF4T_LOAD)          // values of W per lane per row per k-iteration
+#define NF4T_WWORDS (NF4T_LOAD / 4 > 0 ? NF4T_LOAD / 4 : 1)
+
+// ---------------------------------------------------------------- lookup table
+__device__ __forceinline__ float lut_select(u32 q) {
+    const bool b0 = q & 1, b1 = q & 2, b2 = q & 4, b3 = q & 8;
+    const float a0 = b0 ? NF4T_V1 : NF4T_V0,   a1 = b0 ? NF4T_V3 : NF4T_V2;
+    const float a2 = b0 ? NF4T_V5 : NF4T_V4,   a3 = b0 ? NF4T_V7 : NF4T_V6;
+    const float a4 = b0 ? NF4T_V9 : NF4T_V8,   a5 = b0 ? NF4T_V11 : NF4T_V10;
+    const float a6 = b0 ? NF4T_V13 : NF4T_V12, a7 = b0 ? NF4T_V15 : NF4T_V14;
+    const float c0 = b1 ? a1 : a0, c1 = b1 ? a3 : a2, c2 = b1 ? a5 : a4, c3 = b1 ? a7 : a6;
+    const float d0 = b2 ? c1 : c0, d1 = b2 ? c3 : c2;
+    return b3 ? d1 : d0;
+}
+
+__shared__ float nf4t_lut[16];
+
+__device__ __forceinline__ float lut(u32 q) {
+#if NF4T_LUT == 0
+    return nf4t_lut[q];
+#else
+    return lut_select(q);
+#endif
+}
+
+// ---------------------------------------------------------------- conversions
+__device__ __forceinline__ float act_to_float(act_t v) {
+#if NF4T_ACT == 0
+    return __uint_as_float(((u32)v) << 16);
+#elif NF4T_ACT == 1
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v));
+    return f;
+#else
+    return v;
+#endif
+}
+
+__device__ __forceinline__ act_t float_to_act(float v) {
+#if NF4T_ACT == 0
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+#elif NF4T_ACT == 1
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+#else
+    return v;
+#endif
+}
+
+// two words of packed 16-bit activations -> floats (low half first)
+__device__ __forceinline__ void unpack2(u32 w, float& lo, float& hi) {
+#if NF4T_ACT == 0
+    lo = __uint_as_float(w << 16);
+    hi = __uint_as_float(w & 0xffff0000u);
+#elif NF4T_ACT == 1
+    asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}"
+        : "=f"(lo), "=f"(hi) : "r"(w));
+#endif
+}
+
+// ---------------------------------------------------------------- loads
+__device__ __forceinline__ uint4 load_w16(const u8* p) {
+    uint4 v;
+#if NF4T_WLOAD == 1
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#else
+    v = *reinterpret_cast<const uint4*>(p);
+#endif
+    return v;
+}
+
+__device__ __forceinline__ void load_w(const u8* p, u32 (&w)[NF4T_WWORDS]) {
+#if NF4T_LOAD == 16
+    const uint4 v = load_w16(p);
+    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+#elif NF4T_LOAD == 8
+#if NF4T_WLOAD == 1
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
+#else
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x; w[1] = v.y;
+#endif
+#else
+#if NF4T_WLOAD == 1
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(w[0]) : "l"(p));
+#else
+    w[0] = *reinterpret_cast<const u32*>(p);
+#endif
+#endif
+}
+
+// ---------------------------------------------------------------- scales
+struct Scales {
+    const u8* __restrict__ absmax_q;
+    const float* __restrict__ code2;
+    const float* __restrict__ absmax2;
+    const float* __restrict__ absmax_f;
+    float offset;
+    u32 log2_bs, log2_g;
+};
+
+__device__ __forceinline__ float scale_of(const Scales& s, u32 e) {  // e = n*K + k
+    const u32 b = e >> s.log2_bs;
+    if (s.absmax_f != nullptr) return __ldg(s.absmax_f + b);
+    return __fadd_rn(__fmul_rn(__ldg(s.code2 + __ldg(s.absmax_q + b)), __ldg(s.absmax2 + (b >> s.log2_g))), s.offset);
+}
+
+// ---------------------------------------------------------------- output
+// Add the bias, round and store y[m, n]; or, split over K, add the partial sum to the workspace.
+__device__ __forceinline__ void emit(float v, u32 m, u32 n, u32 N, const act_t* __restrict__ bias,
+                                     act_t* __restrict__ out, float* __restrict__ ws) {
+    if (ws != nullptr) {
+        atomicAdd(ws + (u64)m * N + n, v);
+    } else {
+        if (bias != nullptr) v += act_to_float(bias[n]);
+        out[(u64)m * N + n] = float_to_act(v);
+    }
+}
+
+// Split-K: the last CTA of this (row tile, m tile) finishes it. Every thread of the CTA calls this.
+__device__ __forceinline__ void finish_split(u32 row_first, u32 rows, u32 m_first, u32 mrows, u32 N,
+                                             const act_t* __restrict__ bias, act_t* __restrict__ out,
+                                             float* __restrict__ ws, u32* __restrict__ counters) {
+    __shared__ u32 last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const u32 tile = blockIdx.z * gridDim.x + blockIdx.x;
+        const u32 prev = atomicAdd(counters + tile, 1u);
+        last = (prev == gridDim.y - 1);
+        if (last) counters[tile] = 0u;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (u32 i = threadIdx.x; i < rows * mrows; i += blockDim.x) {
+        const u32 m = m_first + i / rows, n = row_first + i % rows;
+        float* p = ws + (u64)m * N + n;
+        float v = __ldcg(p);
+        *p = 0.0f;
+        if (bias != nullptr) v += act_to_float(bias[n]);
+        out[(u64)m * N + n] = float_to_act(v);
+    }
+}
+
+extern __shared__ __align__(16) unsigned char nf4t_dyn[];
+
+#if NF4T_MMA == 0
+// ================================================================ SIMT
+__device__ __forceinline__ void load_a_run(const act_t* __restrict__ src, float (&a)[NF4T_VPL]) {
+#if NF4T_ACT == 2
+#pragma unroll
+    for (int i = 0; i < NF4T_VPL; i += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(src + i);
+        a[i] = v.x; a[i + 1] = v.y; a[i + 2] = v.z; a[i + 3] = v.w;
+    }
+#else
+#pragma unroll
+    for (int i = 0; i < NF4T_VPL; i += 8) {
+        const uint4 v = *reinterpret_cast<const uint4*>(src + i);
+        unpack2(v.x, a[i], a[i + 1]);
+        unpack2(v.y, a[i + 2], a[i + 3]);
+        unpack2(v.z, a[i + 4], a[i + 5]);
+        unpack2(v.w, a[i + 6], a[i + 7]);
+    }
+#endif
+}
+
+// sum over a lane's run: byte j of the run holds values 2j (high nibble) and 2j+1 (low nibble)
+__device__ __forceinline__ float dot_run(const u32 (&w)[NF4T_WWORDS], const float (&a)[NF4T_VPL], float sc) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NF4T_LOAD; ++j) {
+        const u32 byte = (w[j >> 2] >> ((j & 3) * 8)) & 0xffu;
+#if NF4T_SCALE == 0
+        acc = fmaf(__fmul_rn(lut(byte >> 4), sc), a[2 * j], acc);
+        acc = fmaf(__fmul_rn(lut(byte & 15u), sc), a[2 * j + 1], acc);
+#else
+        acc = fmaf(lut(byte >> 4), a[2 * j], acc);
+        acc = fmaf(lut(byte & 15u), a[2 * j + 1], acc);
+#endif
+    }
+#if NF4T_SCALE == 1
+    acc = acc * sc;
+#endif
+    return acc;
+}
+
+extern "C" __global__ void
+nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
+            const u8* __restrict__ absmax_q, const float* __restrict__ code2, const float* __restrict__ absmax2,
+            const float* __restrict__ absmax_f, const float* __restrict__ offset_ptr,
+            const act_t* __restrict__ bias, act_t* __restrict__ out, float* __restrict__ ws,
+            u32* __restrict__ counters, u32 M, u32 N, u32 K, u32 log2_bs, u32 log2_g, u32 kper) {
+#if NF4T_LUT == 0
+    if (threadIdx.x < 16) {
+        const float v[16] = {NF4T_V0, NF4T_V1, NF4T_V2, NF4T_V3, NF4T_V4, NF4T_V5, NF4T_V6, NF4T_V7,
+                             NF4T_V8, NF4T_V9, NF4T_V10, NF4T_V11, NF4T_V12, NF4T_V13, NF4T_V14, NF4T_V15};
+        nf4t_lut[threadIdx.x] = v[threadIdx.x];
+    }
+#endif
+    Scales s;
+    s.absmax_q = absmax_q; s.code2 = code2; s.absmax2 = absmax2; s.absmax_f = absmax_f;
+    s.offset = offset_ptr != nullptr ? __ldg(offset_ptr) : 0.0f;
+    s.log2_bs = log2_bs; s.log2_g = log2_g;
+
+    const u32 warps = blockDim.x >> 5;
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 row_first = blockIdx.x * warps * NF4T_RPW;
+    const u32 row0 = row_first + warp * NF4T_RPW;
+    const u32 m0 = blockIdx.z * NF4T_MTILE;
+    const u32 mrows = min((u32)NF4T_MTILE, M - m0);
+    const u32 k_begin = blockIdx.y * kper;
+    const u32 k_end = min(K, k_begin + kper);
+
+#if NF4T_ASTAGE == 1
+    act_t* a_sh = reinterpret_cast<act_t*>(nf4t_dyn);     // [MTILE][kper]
+    if (k_begin < k_end) {
+        const u32 len = k_end - k_begin;                  // a multiple of 32 values
+        const u32 vec = 16 / sizeof(act_t);
+        for (u32 i = threadIdx.x; i < NF4T_MTILE * len / vec; i += blockDim.x) {
+            const u32 m = i / (len / vec), kk = (i % (len / vec)) * vec;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (m < mrows) v = *reinterpret_cast<const uint4*>(A + (u64)(m0 + m) * K + k_begin + kk);
+            *reinterpret_cast<uint4*>(a_sh + m * kper + kk) = v;
+        }
+    }
+#endif
+    __syncthreads();
+
+    float acc[NF4T_MTILE][NF4T_RPW];
+#pragma unroll
+    for (int m = 0; m < NF4T_MTILE; ++m)
+#pragma unroll
+        for (int r = 0; r < NF4T_RPW; ++r) acc[m][r] = 0.0f;
+
+    for (u32 k = k_begin + lane * NF4T_VPL; k < k_end; k += 32 * NF4T_VPL) {
+        u32 w[NF4T_RPW][NF4T_WWORDS];
+#pragma unroll
+        for (int r = 0; r < NF4T_RPW; ++r) {
+            const u32 n = row0 + r;
+            if (n < N) {
+                load_w(B + (((u64)n * K + k) >> 1), w[r]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < NF4T_WWORDS; ++i) w[r][i] = 0u;
+            }
+        }
+        float sc[NF4T_RPW];
+#pragma unroll
+        for (int r = 0; r < NF4T_RPW; ++r) sc[r] = (row0 + r < N) ? scale_of(s, (row0 + r) * K + k) : 0.0f;
+#pragma unroll
+        for (int m = 0; m < NF4T_MTILE; ++m) {
+            if (m < (int)mrows) {
+                float a[NF4T_VPL];
+#if NF4T_ASTAGE == 1
+                load_a_run(a_sh + m * kper + (k - k_begin), a);
+#else
+                load_a_run(A + (u64)(m0 + m) * K + k, a);
+#endif
+#pragma unroll
+                for (int r = 0; r < NF4T_RPW; ++r) acc[m][r] += dot_run(w[r], a, sc[r]);
+            }
+        }
+    }
+
+    // warp sums; lane (m*RPW + r) % 32 emits (m, r)
+#pragma unroll
+    for (int m = 0; m < NF4T_MTILE; ++m) {
+#pragma unroll
+        for (int r = 0; r < NF4T_RPW; ++r) {
+            float v = acc[m][r];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            const u32 n = row0 + r;
+            if (lane == (u32)((m * NF4T_RPW + r) & 31) && m < (int)mrows && n < N)
+                emit(v, m0 + m, n, N, bias, out, ws);
+        }
+    }
+    if (ws != nullptr) {
+        const u32 rows = min(warps * NF4T_RPW, N - row_first);
+        finish_split(row_first, rows, m0, mrows, N, bias, out, ws, counters);
+    }
+}
+
+#else
+// ================================================================ tensor cores (mma.sync)
+#define NF4T_NT (NF4T_MTILE / 8)      // n8 tiles of the batch
+#define NF4T_RT (NF4T_RPW / 16)       // m16 tiles of W rows per warp
+
+// exact weight pair: (fl(lut[hi] * s), fl(lut[lo] * s)) rounded to the operand dtype, the first
+// value (high nibble) in the low half, as bnb's dequantize_4bit rounds them
+__device__ __forceinline__ u32 wpair(u32 byte, float sc) {
+    const float first = __fmul_rn(lut(byte >> 4), sc);
+    const float second = __fmul_rn(lut(byte & 15u), sc);
+    u32 r;
+#if NF4T_ACT == 0
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(second), "f"(first));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(second), "f"(first));
+#endif
+    return r;
+}
+
+__device__ __forceinline__ void mma16816(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+#if NF4T_ACT == 0
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ u32 byte_of(const uint4& v, int j) {
+    const u32 word = j < 4 ? v.x : j < 8 ? v.y : j < 12 ? v.z : v.w;
+    return (word >> ((j & 3) * 8)) & 0xffu;
+}
+
+extern "C" __global__ void
+nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
+            const u8* __restrict__ absmax_q, const float* __restrict__ code2, const float* __restrict__ absmax2,
+            const float* __restrict__ absmax_f, const float* __restrict__ offset_ptr,
+            const act_t* __restrict__ bias, act_t* __restrict__ out, float* __restrict__ ws,
+            u32* __restrict__ counters, u32 M, u32 N, u32 K, u32 log2_bs, u32 log2_g, u32 kper) {
+#if NF4T_LUT == 0
+    if (threadIdx.x < 16) {
+        const float v[16] = {NF4T_V0, NF4T_V1, NF4T_V2, NF4T_V3, NF4T_V4, NF4T_V5, NF4T_V6, NF4T_V7,
+                             NF4T_V8, NF4T_V9, NF4T_V10, NF4T_V11, NF4T_V12, NF4T_V13, NF4T_V14, NF4T_V15};
+        nf4t_lut[threadIdx.x] = v[threadIdx.x];
+    }
+#endif
+    Scales s;
+    s.absmax_q = absmax_q; s.code2 = code2; s.absmax2 = absmax2; s.absmax_f = absmax_f;
+    s.offset = offset_ptr != nullptr ? __ldg(offset_ptr) : 0.0f;
+    s.log2_bs = log2_bs; s.log2_g = log2_g;
+
+    const u32 warps = blockDim.x >> 5;
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 g = lane >> 2, t = lane & 3;
+    const u32 row_first = blockIdx.x * warps * NF4T_RPW;
+    const u32 row0 = row_first + warp * NF4T_RPW;
+    const u32 m0 = blockIdx.z * NF4T_MTILE;
+    const u32 mrows = min((u32)NF4T_MTILE, M - m0);
+    const u32 k_begin = blockIdx.y * kper;
+    const u32 k_end = min(K, k_begin + kper);
+
+#if NF4T_ASTAGE == 1
+    act_t* a_sh = reinterpret_cast<act_t*>(nf4t_dyn);     // [MTILE][kper]
+    if (k_begin < k_end) {
+        const u32 len = k_end - k_begin;
+        const u32 vec = 8;                                 // 16 bytes of 16-bit values
+        for (u32 i = threadIdx.x; i < NF4T_MTILE * len / vec; i += blockDim.x) {
+            const u32 m = i / (len / vec), kk = (i % (len / vec)) * vec;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (m < mrows) v = *reinterpret_cast<const uint4*>(A + (u64)(m0 + m) * K + k_begin + kk);
+            *reinterpret_cast<uint4*>(a_sh + m * kper + kk) = v;
+        }
+    }
+#endif
+    __syncthreads();
+
+    float c[NF4T_RT][NF4T_NT][4];
+#pragma unroll
+    for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+        for (int nt = 0; nt < NF4T_NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) c[rt][nt][i] = 0.0f;
+
+    for (u32 kw = k_begin; kw < k_end; kw += 128) {
+        const u32 k = kw + t * 32;                 // this lane's run of 32 values
+        const bool in_k = k < k_end;
+        uint4 wa[NF4T_RT], wb[NF4T_RT];
+        float sa[NF4T_RT], sb[NF4T_RT];
+#pragma unroll
+        for (int rt = 0; rt < NF4T_RT; ++rt) {
+            const u32 na = row0 + rt * 16 + g, nb = na + 8;
+            wa[rt] = (in_k && na < N) ? load_w16(B + (((u64)na * K + k) >> 1)) : make_uint4(0u, 0u, 0u, 0u);
+            wb[rt] = (in_k && nb < N) ? load_w16(B + (((u64)nb * K + k) >> 1)) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int rt = 0; rt < NF4T_RT; ++rt) {
+            const u32 na = row0 + rt * 16 + g, nb = na + 8;
+            sa[rt] = (in_k && na < N) ? scale_of(s, na * K + k) : 0.0f;
+            sb[rt] = (in_k && nb < N) ? scale_of(s, nb * K + k) : 0.0f;
+        }
+        // activations of batch row m0 + nt*8 + g, the same run of 32 values: 16 words
+        u32 bf[NF4T_NT][16];
+#pragma unroll
+        for (int nt = 0; nt < NF4T_NT; ++nt) {
+            const u32 m = nt * 8 + g;
+#pragma unroll
+            for (int i = 0; i < 16; i += 4) {
+                uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                if (in_k && m < mrows) {
+#if NF4T_ASTAGE == 1
+                    v = *reinterpret_cast<const uint4*>(a_sh + m * kper + (k - k_begin) + 2 * i);
+#else
+                    v = *reinterpret_cast<const uint4*>(A + (u64)(m0 + m) * K + k + 2 * i);
+#endif
+                }
+                bf[nt][i] = v.x; bf[nt][i + 1] = v.y; bf[nt][i + 2] = v.z; bf[nt][i + 3] = v.w;
+            }
+        }
+#pragma unroll
+        for (int st = 0; st < 8; ++st) {           // k-step: values 4st..4st+3 of the run
+#pragma unroll
+            for (int rt = 0; rt < NF4T_RT; ++rt) {
+                const u32 a0 = wpair(byte_of(wa[rt], 2 * st), sa[rt]);
+                const u32 a1 = wpair(byte_of(wb[rt], 2 * st), sb[rt]);
+                const u32 a2 = wpair(byte_of(wa[rt], 2 * st + 1), sa[rt]);
+                const u32 a3 = wpair(byte_of(wb[rt], 2 * st + 1), sb[rt]);
+#pragma unroll
+                for (int nt = 0; nt < NF4T_NT; ++nt) mma16816(c[rt][nt], a0, a1, a2, a3, bf[nt][2 * st], bf[nt][2 * st + 1]);
+            }
+        }
+    }
+
+    // c[rt][nt]: rows (g, g+8) of tile rt, batch columns nt*8 + 2t, +1
+#pragma unroll
+    for (int rt = 0; rt < NF4T_RT; ++rt) {
+#pragma unroll
+        for (int nt = 0; nt < NF4T_NT; ++nt) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const u32 n = row0 + rt * 16 + g + (i >= 2 ? 8 : 0);
+                const u32 m = nt * 8 + 2 * t + (i & 1);
+                if (n < N && m < mrows) emit(c[rt][nt][i], m0 + m, n, N, bias, out, ws);
+            }
+        }
+    }
+    if (ws != nullptr) {
+        const u32 rows = min(warps * NF4T_RPW, N - row_first);
+        finish_split(row_first, rows, m0, mrows, N, bias, out, ws, counters);
+    }
+}
+#endif

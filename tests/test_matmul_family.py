@@ -1,0 +1,171 @@
+"""The matmul family on the CPU: its space and derivations, bnb's input checks, the launch
+plan's geometry, the derived error bound, the serving decision, and NVRTC compiles."""
+
+import itertools
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import bitsandbytes.functional as F
+
+from tuner.families import MATMUL as MM
+from tuner.families.matmul import MatmulPlan, check_matmul_inputs, error_bound, gamma
+from tuner.family import DeviceLimits
+from tuner.vocabulary import M_BUCKETS, InvalidConfig, Problem, UnsupportedInput
+
+LIMITS = DeviceLimits(sm_count=132)
+
+
+def P(n=4096, k=4096, m=1, dtype="bf16", quant="nf4", bs=64):
+    return Problem((n, k), dtype, quant, bs, "matmul", m)
+
+
+@pytest.mark.parametrize("m", [1, 8])
+def test_space_count_parametrisation_and_neighbours(m):
+    prob = P(m=m)
+    restrict = dict(dtype=["bf16"], quant=["nf4"], m=[m])
+    configs = set(MM.iter_space(**restrict))
+    assert len(configs) == MM.space_size(**restrict) > 1000
+    space = MM.search_space(prob)
+    sampled = {MM.config_from_params(dict(zip(space, combo)), prob) for combo in itertools.product(*space.values())}
+    assert sampled == configs
+    for c in random.Random(m).sample(sorted(configs, key=lambda c: c.to_json()), 20):
+        for n in MM.neighbours(c):
+            assert n in configs and n != c
+    assert all(c.m == m for c in configs)
+
+
+def test_paths_and_constraints():
+    assert {c.mma for c in MM.iter_space(dtype=["bf16"], quant=["nf4"], m=[8])} == {"simt", "mma"}
+    assert {c.mma for c in MM.iter_space(dtype=["fp32"], quant=["nf4"], m=[8])} == {"simt"}   # no fp32 MMA
+    with pytest.raises(InvalidConfig, match="scales every value"):
+        MM.config(mma="mma", rows_per_warp=16, mtile=8, scale="block", m=8)
+    with pytest.raises(InvalidConfig, match="exceeds the batch bucket"):
+        MM.config(mtile=2, load_bytes=8, m=1)
+    with pytest.raises(InvalidConfig, match="registers of A"):
+        MM.config(mtile=4, load_bytes=16, m=4)
+
+
+@pytest.mark.parametrize("m", M_BUCKETS)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_builtin_defaults_and_presets_are_points_of_the_space(m, dtype):
+    prob = P(m=m, dtype=dtype)
+    c = MM.builtin_default(prob)
+    assert c.m == m and c.dtype == dtype
+    assert c in set(MM.iter_space(dtype=[dtype], quant=["nf4"], m=[m]))
+    assert MM.preset("bnb-like", prob).rows_per_warp == 1
+
+
+def test_distinct_sources_do_not_depend_on_the_batch_bucket():
+    a = MM.builtin_default(P(m=1))
+    b = a.replace(m=2)
+    assert a.render() == b.render() and "NF4T_MBUCKET" not in a.render()
+
+
+def test_problem_checks():
+    MM.check_problem(P())
+    with pytest.raises(ValueError, match="not a multiple of the blocksize"):
+        MM.check_problem(P(k=4100))
+    with pytest.raises(ValueError, match="m must be one of"):
+        MM.check_problem(Problem((64, 64), family="matmul", m=3))
+
+
+def _quantized(n, k, bs=64, dtype=torch.bfloat16):
+    w = torch.randn(n, k, dtype=torch.float32).to(dtype)
+    return F.quantize_4bit(w, blocksize=bs, compress_statistics=True, quant_type="nf4")
+
+
+def test_input_checks_are_bnbs_kinds():
+    B, qs = _quantized(96, 256)
+    A = torch.randn(3, 256, dtype=torch.bfloat16)
+    assert check_matmul_inputs(A, qs) == (96, 256, "bf16")
+    with pytest.raises(RuntimeError, match="inner dim"):
+        check_matmul_inputs(torch.randn(3, 128, dtype=torch.bfloat16), qs)
+    with pytest.raises(RuntimeError, match="bias dtype"):
+        check_matmul_inputs(A, qs, torch.randn(96))
+    with pytest.raises(ValueError, match="quant_state is required"):
+        check_matmul_inputs(A, None)
+    B2, qs2 = _quantized(8, 96, bs=64)                # K = 96: not a multiple of 64, bnb does not fuse
+    with pytest.raises(UnsupportedInput, match="not a multiple of blocksize"):
+        check_matmul_inputs(torch.randn(1, 96, dtype=torch.bfloat16), qs2)
+
+
+def test_plan_geometry_and_refusals():
+    c = MM.config(load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=4, m=1)
+    plan = MatmulPlan(c, 1, 4096, 14336, 64, 256, LIMITS, registers=72, device="cpu")
+    assert plan.kper % 1024 == 0 and plan.splits * plan.kper >= 14336 and (plan.splits - 1) * plan.kper < 14336
+    assert plan.grid == (4096 // 16, plan.splits, 1) and plan.block == 128
+    assert plan.ws.numel() == 4096 and plan.counters.numel() == 256
+    one = MatmulPlan(c.replace(ksplit=1), 3, 1000, 4096, 64, 256, LIMITS, device="cpu")
+    assert one.ws is None and one.grid == (-(-1000 // 16), 1, 3)
+    with pytest.raises(UnsupportedInput, match="registers"):      # an sm_86-like SM file of 32K registers
+        MatmulPlan(c.replace(warps=8), 1, 64, 4096, 64, 256, DeviceLimits(84, regs_per_sm=32768), registers=168,
+                   device="cpu")
+    staged = c.replace(astage="shared", ksplit=1)
+    with pytest.raises(UnsupportedInput, match="shared memory"):
+        MatmulPlan(staged, 1, 64, 28672, 64, 256, LIMITS, device="cpu")   # 56 KiB of A
+    with pytest.raises(UnsupportedInput, match="blocksize"):
+        MatmulPlan(c, 1, 64, 4096 + 32, 64, 256, LIMITS, device="cpu")
+    mma = MM.config(mma="mma", rows_per_warp=32, mtile=16, warps=4, ksplit=2, scale="value", m=16)
+    p = MatmulPlan(mma, 20, 4096, 4096, 64, 256, LIMITS, device="cpu")
+    assert p.kper % 128 == 0 and p.grid == (32, 2, 2)
+
+
+def test_error_bound_is_derived_from_the_arithmetic():
+    S = torch.full((1, 4), 100.0, dtype=torch.float64)
+    y = torch.full((1, 4), 10.0, dtype=torch.float64)
+    simt = MM.config(m=1)
+    mma = MM.config(mma="mma", rows_per_warp=16, mtile=8, scale="value", m=8)
+    b_simt, b_mma = error_bound(simt, 4096, S, y), error_bound(mma, 4096, S, y)
+    # the tensor-core path rounds the weight to bf16 first: 2^-8 of S more
+    assert float(b_mma[0, 0] - b_simt[0, 0]) >= 2.0**-8 * 100 * 0.99
+    # accumulation grows with K
+    assert float(error_bound(simt, 28672, S, y)[0, 0]) > float(b_simt[0, 0])
+    assert gamma(4096, 2.0**-24) == pytest.approx(4096 * 2.0**-24, rel=1e-3)
+
+
+def test_the_runtime_serves_only_what_beat_bnb(tmp_path):
+    import json
+
+    from tuner.serve import matmul as rt
+    from tuner.serve import table
+
+    fast = dict(gpu="GPU X", family="matmul", shape=[4096, 4096], dtype="bf16", quant="nf4", blocksize=64, m=1,
+                config=MM.builtin_default(P()).to_dict(), median_us=5.0, speedup_vs_bnb=4.0)
+    slow = dict(fast, m=64, config=MM.builtin_default(P(m=64)).to_dict(), speedup_vs_bnb=0.8)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(dict(format=2, entries=[fast, slow])))
+    try:
+        table.use_configs(str(path))
+        assert rt.serve_decision("GPU X", P()).served
+        d = rt.serve_decision("GPU X", P(m=64))
+        assert not d.served and "not faster than bnb" in d.reason
+        d = rt.serve_decision("GPU X", P(m=8))
+        assert not d.served and "not tuned" in d.reason
+        assert not rt.serve_decision("GPU Y", P()).served
+    finally:
+        table.use_configs(None)
+
+
+def test_a_sample_of_the_space_compiles_for_hopper_blackwell_and_rtx50(compile_cache):
+    from tuner.kernel.compiler import compile_many
+
+    configs = list(MM.iter_space(quant=["nf4"], m=[8]))
+    sample = random.Random(1).sample(list(MM.distinct_sources(configs).values()), 12)
+    for arch in ("sm_90", "sm_100", "sm_120"):
+        summary = compile_many(sample, arch, workers=2, cache_dir=compile_cache)
+        assert summary.failures == [], summary.failures[:2]
+
+
+@pytest.mark.slow
+def test_every_distinct_matmul_source_compiles_for_sm90(compile_cache):
+    import os
+
+    from tuner.kernel.compiler import compile_many
+
+    configs = list(MM.iter_space(dtype=["bf16"], quant=["nf4"]))
+    summary = compile_many(configs, "sm_90", workers=os.cpu_count(), cache_dir=compile_cache)
+    print(f"matmul bf16/nf4 sm_90: {summary.sources} sources, {summary.seconds:.0f} s, "
+          f"max registers {summary.max_registers}, {summary.spilling} with spills")
+    assert summary.failures == [], summary.failures[:3]

@@ -1,0 +1,190 @@
+"""GPU tests of the matmul family: the gate on every path (SIMT and tensor cores, each dtype,
+nf4 and fp4, nested and plain statistics, split-K, odd sizes), its teeth (a wrong kernel is
+rejected), the runtime and the bnb patch (only where faster, bnb elsewhere), CUDA graphs and
+torch.compile."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+import bitsandbytes as bnb
+import bitsandbytes.functional as F
+
+from tuner.families import MATMUL as MM
+from tuner.kernel.launch import LoadedKernel
+from tuner.measure.gate import check_config
+from tuner.vocabulary import Problem
+
+T = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def P(n, k, m, dtype="bf16", quant="nf4", bs=64):
+    return Problem((n, k), dtype, quant, bs, "matmul", m)
+
+
+CONFIGS = [
+    # SIMT: every load width, scale mode, LUT, A staging, W load, split-K
+    (1, dict(load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1)),
+    (1, dict(load_bytes=16, rows_per_warp=8, mtile=1, warps=2, ksplit=4, scale="value", wload="plain")),
+    (1, dict(load_bytes=8, rows_per_warp=16, mtile=1, warps=8, ksplit=2, lut="register", astage="shared")),
+    (2, dict(load_bytes=16, rows_per_warp=2, mtile=2, warps=4, ksplit=8)),
+    (4, dict(load_bytes=8, rows_per_warp=4, mtile=4, warps=4, ksplit=2, astage="shared")),
+    (8, dict(load_bytes=4, rows_per_warp=4, mtile=8, warps=4, ksplit=1)),
+    # tensor cores: both batch tiles, row tiles, split-K
+    (8, dict(mma="mma", rows_per_warp=16, mtile=8, warps=4, ksplit=1, scale="value")),
+    (16, dict(mma="mma", rows_per_warp=32, mtile=16, warps=2, ksplit=4, scale="value", astage="shared")),
+    (64, dict(mma="mma", rows_per_warp=64, mtile=16, warps=4, ksplit=2, scale="value", lut="register")),
+]
+
+
+@pytest.mark.parametrize("m, knobs", CONFIGS, ids=[f"m{m}-{i}" for i, (m, _) in enumerate(CONFIGS)])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_every_path_passes_the_gate(seed, m, knobs, dtype):
+    if knobs.get("mma") == "mma" and dtype == "fp32":
+        pytest.skip("no tensor-core path for fp32")
+    for quant, bs in (("nf4", 64), ("fp4", 128), ("nf4", 32)):
+        prob = P(1000, 2048, m, dtype, quant, bs)
+        c = MM.config(**knobs, dtype=dtype, quant=quant, m=m)
+        r = check_config(c, prob, seed=seed)
+        assert r.ok, f"{c.short()} {prob.label()}: {r.reason}"
+        assert len(r.checked) == 3
+
+
+def test_large_k_and_the_five_target_shapes(seed):
+    for n, k in ((1024, 4096), (4096, 14336), (28672, 8192)):
+        for m, knobs in ((1, CONFIGS[0][1]), (16, CONFIGS[7][1])):
+            c = MM.config(**knobs, dtype="bf16", quant="nf4", m=m)
+            r = check_config(c, P(n, k, m), seed=seed)
+            assert r.ok, f"{c.short()} {n}x{k}: {r.reason}"
+
+
+def test_plain_absmax(seed):
+    from dataclasses import replace
+
+    from tuner.kernel.launch import bind, load_kernel
+
+    prob = P(300, 1024, 2)
+    inputs = MM.make_inputs(prob, prob.shape, seed)
+    w = F.dequantize_4bit(inputs.B, inputs.qs)
+    B, qs = F.quantize_4bit(w, blocksize=64, compress_statistics=False, quant_type="nf4")
+    plain = replace(inputs, B=B, qs=qs, ref={})
+    want = MM.expected(plain)
+    for knobs in (CONFIGS[3][1], dict(CONFIGS[6][1], mtile=8)):
+        c = MM.config(**knobs, m=8 if knobs.get("mma") == "mma" else 2)
+        out = MM.new_output(plain)
+        bind(load_kernel(c), plain, out)()
+        torch.cuda.synchronize()
+        assert MM.compare(out, want, plain, c) is None
+
+
+def _wrong(config, old, new):
+    src = config.render()
+    assert old in src
+    return LoadedKernel(config, source=src.replace(old, new, 1))
+
+
+def test_the_gate_rejects_wrong_kernels(seed):
+    prob = P(512, 1024, 1)
+    c = MM.config(**CONFIGS[0][1], m=1)
+    swapped = _wrong(c, "acc = fmaf(lut(byte >> 4), a[2 * j], acc);", "acc = fmaf(lut(byte & 15u), a[2 * j], acc);")
+    r = check_config(c, prob, seed=seed, kernel=swapped)
+    assert not r.ok and "bound" in r.reason
+    c = MM.config(**CONFIGS[6][1], m=8)
+    unscaled = _wrong(c, "const float first = __fmul_rn(lut(byte >> 4), sc);", "const float first = lut(byte >> 4);")
+    r = check_config(c, P(512, 1024, 8), seed=seed, kernel=unscaled)
+    assert not r.ok
+
+
+def _table_with(tmp_path, entries):
+    from tuner.serve import table
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(dict(format=2, entries=entries)))
+    table.use_configs(str(path))
+
+
+def _entry(gpu, n, k, m, config, speedup):
+    return dict(gpu=gpu, family="matmul", shape=[n, k], dtype="bf16", quant="nf4", blocksize=64, m=m,
+                config=config.to_dict(), median_us=1.0, speedup_vs_bnb=speedup)
+
+
+def test_runtime_and_patch_serve_only_where_faster(seed, tmp_path):
+    from tuner import serve
+    from tuner.serve import table
+
+    gpu = torch.cuda.get_device_name(0)
+    torch.manual_seed(seed)
+    layer = bnb.nn.Linear4bit(4096, 1024, bias=True, compute_dtype=torch.bfloat16, quant_type="nf4").cuda()
+    fast = MM.config(**CONFIGS[0][1], m=1)
+    mma = MM.config(**CONFIGS[6][1], m=8)
+    try:
+        _table_with(tmp_path, [_entry(gpu, 1024, 4096, 1, fast, 3.0), _entry(gpu, 1024, 4096, 8, mma, 0.9)])
+        qs = layer.weight.quant_state
+        for M, served in ((1, True), (7, False)):
+            x = torch.randn(M, 4096, dtype=torch.bfloat16, device="cuda")
+            with torch.no_grad():
+                want = layer(x)
+                before = serve.stats()
+                got = serve.matmul_4bit(x, layer.weight.t(), qs, bias=layer.bias)
+                after = serve.stats()
+                assert (after["matmul_calls"] - before["matmul_calls"]) == int(served)
+                assert (after["matmul_bnb"] - before["matmul_bnb"]) == int(not served)
+                assert got.shape == want.shape and got.dtype == want.dtype
+                # within bnb's own error of the fp64 reference
+                ref = (x.double() @ F.dequantize_4bit(layer.weight, qs).double().t() + layer.bias.double())
+                assert float((got.double() - ref).abs().max()) <= 1.01 * float((want.double() - ref).abs().max()) + 1e-2
+                with serve.patch_bitsandbytes():
+                    c0 = serve.stats()["matmul_calls"]
+                    patched = layer(x)
+                    assert serve.stats()["matmul_calls"] - c0 == int(served)
+                assert torch.equal(patched, got) if served else torch.equal(patched, want)
+            assert serve.explain_matmul(x, qs, layer.bias).served == served
+        # K not a multiple of the blocksize: bnb refuses to fuse, so do we
+        odd = bnb.nn.Linear4bit(4096 + 32, 64, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4").cuda()
+        x = torch.randn(1, 4096 + 32, dtype=torch.bfloat16, device="cuda")
+        with torch.no_grad():
+            assert not serve.explain_matmul(x, odd.weight.quant_state).served
+            assert torch.equal(serve.matmul_4bit(x, odd.weight.t(), odd.weight.quant_state), odd(x))
+    finally:
+        table.use_configs(None)
+
+
+def test_cuda_graph_capture_and_torch_compile(seed, tmp_path):
+    from tuner import serve
+    from tuner.serve import table
+
+    gpu = torch.cuda.get_device_name(0)
+    torch.manual_seed(seed)
+    layer = bnb.nn.Linear4bit(4096, 4096, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4").cuda()
+    split = MM.config(**CONFIGS[1][1], m=1)                  # split-K: the workspace fix-up in a graph
+    try:
+        _table_with(tmp_path, [_entry(gpu, 4096, 4096, 1, split, 3.0)])
+        x = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
+        with torch.no_grad(), serve.patch_bitsandbytes():
+            eager = layer(x)                                  # warm-up builds the plan
+            calls = serve.stats()["matmul_calls"]
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                layer(x)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                y = layer(x)
+            def close(a, b):   # split-K sums with atomics: the order (and the last bit) may differ
+                return bool(((a.float() - b.float()).abs() <= 2.0**-7 * b.float().abs() + 1e-3).all())
+
+            for _ in range(2):                                # replays are live, the split-K workspace kept zero
+                x.copy_(torch.randn_like(x))
+                g.replay()
+                torch.cuda.synchronize()
+                assert close(y, layer(x))
+            assert serve.stats()["matmul_calls"] > calls
+            compiled = torch.compile(layer)
+            assert close(compiled(x), layer(x))
+        del eager
+    finally:
+        table.use_configs(None)

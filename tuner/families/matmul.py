@@ -1,0 +1,469 @@
+"""The matmul family: ``y = A @ dequant(W).T (+ bias)`` straight from bnb's packed weight, for
+decode (M = 1..64 rows of A). Template ``kernel_templates/gemv4.cu``; its header says what every
+knob changes.
+
+A problem is the weight's shape N x K (bnb's ``[out_features, in_features]``), the activation
+dtype, the quant type, the blocksize and the batch bucket ``m`` (1, 2, 4, ..., 64: a call with
+M rows is served by the bucket >= M).
+
+The gate: bnb's own paths disagree with each other, so a variant is compared with an fp64
+reference, ``A @ W.T + bias`` with ``W`` bnb's CUDA dequantization in float32 (the exact
+recipe, before any rounding to a 16-bit dtype), under an error bound derived from the variant's
+arithmetic (:func:`error_bound`), and its maximum and mean error must be no worse than bnb's
+``matmul_4bit`` on the same data (beyond fp32 summation-order noise). Fresh random data every
+check, with adversarial spreads (mixed signs, block absmax over 4 decades, activations over 2),
+NaN-poisoned output, odd N, M not a multiple of the tile, bias and no bias, and a short K.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from ..family import Constraint, DeviceLimits, Family, Knob
+from ..vocabulary import (BLOCKSIZES, DTYPES, M_BUCKETS, OUT_BYTES, QUANTS, REF_READ, TORCH_DTYPE, Problem,
+                          UnsupportedInput)
+
+__all__ = ["MATMUL", "MatmulFamily", "MatmulPlan", "MatmulInputs", "REF_BNB_MATMUL", "REF_DENSE", "error_bound",
+           "check_matmul_inputs"]
+
+REF_BNB_MATMUL = "bnb matmul_4bit"
+REF_DENSE = "dense F.linear (16-bit weight)"
+#: the kernel indexes W with 32-bit integers
+MAX_WEIGHT = 2**31 - 1
+#: the read-only reduction the ceiling is measured on
+READ_BYTES = 512 << 20
+
+
+def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
+    if mma == "mma":
+        if load_bytes != 16:
+            return "the tensor-core path loads 16 bytes per lane"
+        if rows_per_warp not in (16, 32, 64):
+            return "the tensor-core path takes 16, 32 or 64 rows per warp (m16 tiles)"
+        if mtile not in (8, 16):
+            return "the tensor-core path tiles the batch by 8 or 16 (n8 tiles)"
+        if scale != "value":
+            return "the tensor-core path scales every value (the weight is rounded as bnb's dequantize rounds it)"
+        if dtype == "fp32":
+            return "no tensor-core path for fp32 activations"
+        return None
+    if rows_per_warp > 32:
+        return "the SIMT path takes at most 32 rows per warp"
+    if mtile > 8:
+        return "the SIMT path tiles the batch by at most 8"
+    if mtile * 2 * load_bytes > 64:
+        return f"mtile*values per lane = {mtile * 2 * load_bytes} fp32 registers of A exceed 64"
+    if rows_per_warp * load_bytes > 128:
+        return f"rows_per_warp*load_bytes = {rows_per_warp * load_bytes} bytes of W in flight per lane exceed 128"
+    if mtile * rows_per_warp > 32:
+        return f"mtile*rows_per_warp = {mtile * rows_per_warp} accumulators exceed 32"
+    return None
+
+
+def _tile_fits_batch(mma, mtile, m):
+    if mma == "simt" and mtile > m:
+        return f"mtile {mtile} exceeds the batch bucket {m}"
+    if mma == "mma" and mtile == 16 and m <= 8:
+        return f"a 16-row batch tile wastes half the tensor core at batch {m}"
+    return None
+
+
+def check_matmul_inputs(A, qs, bias=None):
+    """bnb's checks of a grad-free ``matmul_4bit`` call (its kinds: ValueError / RuntimeError),
+    and :class:`UnsupportedInput` for what the fused kernel cannot take (K not a multiple of
+    the blocksize, which bnb refuses to fuse too; non-CUDA or non-contiguous data)."""
+    import torch
+
+    if qs is None:
+        raise ValueError("quant_state is required")
+    if len(qs.shape) != 2:
+        raise ValueError("matmul_4bit: quant_state.shape must be 2D [N, K]")
+    N, K = int(qs.shape[0]), int(qs.shape[1])
+    if A.shape[-1] != K:
+        raise RuntimeError(f"A inner dim ({A.shape[-1]}) does not match weight ({K})")
+    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(A.dtype)
+    if dtype is None:
+        raise RuntimeError(f"unsupported dtype {A.dtype}")
+    if bias is not None:
+        if bias.ndim != 1:
+            raise RuntimeError(f"bias must be 1D, got {bias.ndim}D")
+        if bias.dtype != A.dtype:
+            raise RuntimeError(f"bias dtype ({bias.dtype}) must match A dtype ({A.dtype})")
+        if bias.numel() != N:
+            raise RuntimeError(f"bias has {bias.numel()} values, the weight {N} rows")
+    if qs.blocksize not in BLOCKSIZES:
+        raise ValueError(f"invalid blocksize {qs.blocksize}")
+    if qs.quant_type not in QUANTS:
+        raise ValueError(f"quant_type must be 'nf4' or 'fp4', got {qs.quant_type!r}")
+    if K % qs.blocksize:
+        raise UnsupportedInput(f"inner dimension ({K}) is not a multiple of blocksize {qs.blocksize}: "
+                               "not fused (bnb's own path runs)")
+    if N * K > MAX_WEIGHT:
+        raise UnsupportedInput(f"a {N}x{K} weight exceeds the kernel's 32-bit index range")
+    if qs.state2 is not None and int(qs.state2.blocksize) & (int(qs.state2.blocksize) - 1):
+        raise UnsupportedInput(f"state2.blocksize {qs.state2.blocksize} is not a power of two")
+    return N, K, dtype
+
+
+# ----------------------------------------------------------------------------- the launch plan
+class MatmulPlan:
+    """One launch of one variant for M x K activations against an N x K weight: the geometry,
+    the split-K workspace, the checks and the kernel parameters."""
+
+    #: A, B, absmax u8, code2, absmax2, absmax f32, offset*, bias, out, workspace, counters,
+    #: M, N, K, log2 blocksize, log2 group size, K per split
+    PARAM_KINDS = ("ptr",) * 11 + ("u32",) * 6
+    DYNAMIC = (0, 1, 2, 3, 4, 5, 6, 7, 8)
+
+    def __init__(self, config, M: int, N: int, K: int, blocksize: int, groupsize: int, limits: DeviceLimits,
+                 registers: Optional[int] = None, device=None):
+        c = config
+        if M < 1 or N < 1 or K < 1:
+            raise UnsupportedInput(f"empty matmul ({M}x{K} @ {N}x{K})")
+        if K % blocksize or K % 32:
+            raise UnsupportedInput(f"inner dimension ({K}) is not a multiple of blocksize {blocksize}: not fused")
+        if N * K > MAX_WEIGHT:
+            raise UnsupportedInput(f"a {N}x{K} weight exceeds the kernel's 32-bit index range")
+        threads = 32 * c.warps
+        if threads > limits.max_threads_per_block:
+            raise UnsupportedInput(f"{c.short()}: {threads} threads exceed the device's {limits.max_threads_per_block}")
+        if registers is not None and registers * threads > limits.regs_per_sm:
+            raise UnsupportedInput(f"{c.short()}: {registers} registers x {threads} threads exceeds the "
+                                   f"{limits.regs_per_sm} registers of an SM; the block cannot launch")
+        self.config = c
+        self.M, self.N, self.K = M, N, K
+        self.blocksize, self.groupsize = blocksize, groupsize
+        kit = 128 if c.mma == "mma" else 64 * c.load_bytes        # K per warp iteration
+        kper = -(-(-(-K // c.ksplit)) // kit) * kit
+        self.kper = kper
+        self.splits = -(-K // kper)
+        rows_per_cta = c.warps * c.rows_per_warp
+        self.grid = (-(-N // rows_per_cta), self.splits, -(-M // c.mtile))
+        self.block = threads
+        act_bytes = OUT_BYTES[c.dtype]
+        self.smem = c.mtile * kper * act_bytes if c.astage == "shared" else 0
+        if self.smem > limits.smem_per_block:
+            raise UnsupportedInput(f"{c.short()}: A staged in shared memory needs {self.smem} bytes "
+                                   f"(> {limits.smem_per_block} per block) at K per split {kper}")
+        self.ws = self.counters = None
+        if self.splits > 1:
+            import torch
+
+            self.ws = torch.zeros(M * N, dtype=torch.float32, device=device or "cuda")
+            self.counters = torch.zeros(self.grid[0] * self.grid[2], dtype=torch.int32, device=device or "cuda")
+
+    def constants(self) -> dict:
+        return {9: self.ws.data_ptr() if self.ws is not None else 0,
+                10: self.counters.data_ptr() if self.counters is not None else 0,
+                11: self.M, 12: self.N, 13: self.K, 14: self.blocksize.bit_length() - 1,
+                15: self.groupsize.bit_length() - 1, 16: self.kper}
+
+    def args(self, a, b, absmax_u8, code, absmax2, absmax_f32, offset_ptr, bias, out) -> tuple:
+        p, u = np.uint64, np.uint32
+        k = self.constants()
+        return (p(a), p(b), p(absmax_u8), p(code), p(absmax2), p(absmax_f32), p(offset_ptr), p(bias), p(out),
+                p(k[9]), p(k[10]), u(k[11]), u(k[12]), u(k[13]), u(k[14]), u(k[15]), u(k[16]))
+
+    def check_call(self, A, B, out) -> None:
+        """Per-call checks of the tensors (sizes, contiguity, alignment)."""
+        if not A.is_contiguous():
+            raise UnsupportedInput("A must be contiguous")
+        if A.numel() != self.M * self.K:
+            raise UnsupportedInput(f"A holds {A.numel()} values, the plan {self.M}x{self.K}")
+        if B.nbytes < self.N * self.K // 2:
+            raise ValueError(f"B holds {B.nbytes} bytes, {self.N * self.K // 2} needed for a {self.N}x{self.K} weight")
+        if out.numel() != self.M * self.N or not out.is_contiguous():
+            raise UnsupportedInput(f"out must be a contiguous tensor of {self.M}x{self.N} values")
+        if A.data_ptr() % 16 or B.data_ptr() % 16:
+            raise UnsupportedInput("A and B must be 16-byte aligned for the fused kernel")
+
+
+def stat_args(qs) -> tuple:
+    """(absmax u8, code2, absmax2, absmax f32, offset*) kernel arguments: the nested offset is
+    passed as a device pointer (no read-back, so a call never synchronises)."""
+    s2 = qs.state2
+    if s2 is not None:
+        return qs.absmax.data_ptr(), s2.code.data_ptr(), s2.absmax.data_ptr(), 0, qs.offset.data_ptr()
+    return 0, 0, 0, qs.absmax.data_ptr(), 0
+
+
+# ----------------------------------------------------------------------------- the gate
+def gamma(n: int, u: float) -> float:
+    return n * u / (1 - n * u)
+
+
+def error_bound(config, K: int, S, y_abs):
+    """The largest error the variant's arithmetic allows, per output element (a torch fp64
+    tensor), against the fp64 reference with float32 weights.
+
+    - fp32 accumulation over K products (a product, every partial sum, the lane, warp and split
+      reductions, the scale's multiply): gamma(K + 16) * S, with S = |A| @ |W|.T + |bias|; the
+      tensor cores accumulate with at least fp32's precision, allowed one extra bit;
+    - the tensor-core path rounds each weight to the operand dtype first (as bnb's dequantize
+      does): u_op * S more (bf16 2^-8, fp16 2^-11);
+    - one rounding to the output dtype: u_out * (|y| + the above)."""
+    u_out = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}[config.dtype]
+    acc = gamma(K + 16, 2.0**-23 if config.mma == "mma" else 2.0**-24) * S
+    if config.mma == "mma":
+        acc = acc + u_out * S          # operand dtype == activation dtype == output dtype
+    return acc * (1 + u_out) + u_out * y_abs
+
+
+@dataclass
+class MatmulInputs:
+    """One draw of fresh data: activations A (M x K), bnb's packed weight B and quant state, the
+    bias (or None), and for the gate the fp64 reference and bnb's own result."""
+
+    A: object
+    B: object
+    qs: object
+    bias: object
+    M: int
+    N: int
+    K: int
+    ref: dict = field(default_factory=dict)
+
+
+class MatmulFamily(Family):
+    name = "matmul"
+    template = "gemv4.cu"
+    kernel_name = "nf4t_matmul"
+    title = "bnb's grad-free matmul_4bit (decode, M = 1..64) fused from the packed weight"
+    knobs = (
+        Knob("mma", ("simt", "mma"), "source", "NF4T_MMA",
+             help="simt: fp32 FMAs on CUDA cores; mma: tensor cores (mma.sync m16n8k16, batch padded to 8/16)"),
+        Knob("load_bytes", (4, 8, 16), "source", "NF4T_LOAD", label="{}B",
+             help="bytes of W one lane loads per row per step (8, 16 or 32 values)"),
+        Knob("rows_per_warp", (1, 2, 4, 8, 16, 32, 64), "source", "NF4T_RPW", label="r{}",
+             help="rows of W per warp (SIMT: loads in flight; MMA: m16 tiles), all reusing one load of A"),
+        Knob("mtile", (1, 2, 4, 8, 16), "source", "NF4T_MTILE", label="m{}", help="rows of A per CTA"),
+        Knob("warps", (1, 2, 4, 8), "launch", label="w{}", help="warps per CTA"),
+        Knob("ksplit", (1, 2, 4, 8, 16), "launch", label="k/{}",
+             help="split-K: slices of K over CTAs, summed by fp32 atomics, the last CTA finishing the tile"),
+        Knob("lut", ("shared", "register"), "source", "NF4T_LUT",
+             help="the 16-entry code in shared memory, or a select tree in registers"),
+        Knob("astage", ("global", "shared"), "source", "NF4T_ASTAGE", label="A:{}",
+             help="A read per step from global memory (L1/L2), or staged once per CTA in shared memory"),
+        Knob("scale", ("value", "block"), "source", "NF4T_SCALE", label="s:{}",
+             help="scale every weight, or the sum of a lane's run once (SIMT)"),
+        Knob("wload", ("plain", "stream"), "source", "NF4T_WLOAD",
+             help="plain loads of W, or streaming (ld.global.nc.L1::no_allocate)"),
+        Knob("dtype", DTYPES, "problem", "NF4T_ACT", help="activation (and output) dtype"),
+        Knob("quant", QUANTS, "problem", "NF4T_QUANT", help="4-bit code: nf4 or fp4"),
+        Knob("m", M_BUCKETS, "problem", label="", help="the batch bucket the config is tuned for (not in the source)"),
+    )
+    constraints = (
+        Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "scale", "dtype"), _path_shape),
+        Constraint(("mma", "mtile", "m"), _tile_fits_batch),
+    )
+    constraint_text = (
+        "mma: load_bytes 16, rows_per_warp 16/32/64, mtile 8/16, scale value, dtype bf16/fp16",
+        "simt: rows_per_warp <= 32, mtile <= 8, mtile*2*load_bytes <= 64 registers of A, "
+        "rows_per_warp*load_bytes <= 128 bytes in flight, mtile*rows_per_warp <= 32 accumulators",
+        "simt: mtile <= the batch bucket m; mma: mtile 8 when m <= 8",
+        "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
+    )
+    defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
+                    astage="global", scale="block", wload="stream", dtype="bf16", quant="nf4", m=1)
+    presets = {
+        # bnb's gemm_4bit_simt: one warp per row, 4 warps per CTA, 32 values per lane per step
+        "bnb-like": dict(mma="simt", load_bytes=16, rows_per_warp=1, mtile=1, warps=4, ksplit=1, lut="shared",
+                         astage="global", scale="value", wload="plain"),
+    }
+    refine_order = ("ksplit", "warps", "rows_per_warp", "wload", "scale", "load_bytes", "mtile", "mma", "lut",
+                    "astage")
+    peer_label = REF_BNB_MATMUL
+    ceiling_label = REF_READ
+    problem_knobs = {"dtype": "dtype", "quant": "quant", "m": "m"}
+
+    # -- problems ------------------------------------------------------------------------
+    def check_problem(self, problem: Problem) -> None:
+        if problem.family != self.name:
+            raise ValueError(f"problem of family {problem.family!r} given to {self.name!r}")
+        if len(problem.shape) != 2:
+            raise ValueError(f"{problem.label()}: the matmul family's shape is N x K (out x in features)")
+        if problem.dtype not in DTYPES or problem.quant not in QUANTS:
+            raise ValueError(f"{problem.label()}: dtype {problem.dtype!r} / quant {problem.quant!r} unknown")
+        if problem.blocksize not in BLOCKSIZES:
+            raise ValueError(f"blocksize {problem.blocksize} is not one of {list(BLOCKSIZES)}")
+        if problem.m not in M_BUCKETS:
+            raise ValueError(f"{problem.label()}: m must be one of {list(M_BUCKETS)}")
+        N, K = problem.shape
+        if K % problem.blocksize:
+            raise ValueError(f"{problem.label()}: K={K} is not a multiple of the blocksize; bnb does not fuse "
+                             "such a matmul and neither does nf4-tune (bnb's own path serves it)")
+        if N * K > MAX_WEIGHT:
+            raise ValueError(f"{problem.label()}: the weight exceeds 2**31-1 values")
+
+    def builtin_default(self, problem: Problem):
+        m = problem.m or 1
+        pv = self.problem_values(problem)
+        if m >= 8 and problem.dtype != "fp32":
+            return self.config(mma="mma", load_bytes=16, rows_per_warp=16, mtile=16 if m >= 16 else 8, warps=4,
+                               ksplit=2, scale="value", **pv)
+        if m >= 8:
+            return self.config(load_bytes=4, rows_per_warp=4, mtile=8, warps=4, ksplit=2, **pv)
+        if m == 4:
+            return self.config(load_bytes=8, rows_per_warp=4, mtile=4, warps=4, ksplit=2, **pv)
+        return self.config(load_bytes=16, rows_per_warp=4, mtile=min(m, 2), warps=4, ksplit=2, **pv)
+
+    def traffic(self, problem: Problem, nested: bool = True, groupsize: int = 256) -> int:
+        """The fewest bytes the matmul moves: packed W, its statistics, A and y."""
+        N, K = problem.shape
+        M = problem.m or 1
+        nblocks = N * K // problem.blocksize
+        stats = nblocks + (-(-nblocks // groupsize)) * 4 + 256 * 4 + 4 if nested else nblocks * 4
+        eb = OUT_BYTES[problem.dtype]
+        return N * K // 2 + stats + M * K * eb + M * N * eb
+
+    # -- inputs and the gate ---------------------------------------------------------------
+    def check_shapes(self, problem: Problem) -> list:
+        """(N, K, M, bias) of each check: the problem itself with a bias; an odd N with M not a
+        multiple of the tile and no bias; a short K (three blocks) with a bias."""
+        N, K = problem.shape
+        m = problem.m or 1
+        odd_m = m - 1 if m > 1 else 1
+        odd_n = (min(N, 200) | 1) + 12
+        return [(N, K, m, True), (odd_n, K, odd_m, False), (37, 3 * problem.blocksize, m, True)]
+
+    def make_inputs(self, problem: Problem, shape, seed: int, device: str = "cuda") -> MatmulInputs:
+        import torch
+        import bitsandbytes.functional as F
+
+        if len(shape) == 2:
+            shape = (shape[0], shape[1], problem.m or 1, True)
+        N, K, M, with_bias = shape
+        dt = getattr(torch, TORCH_DTYPE[problem.dtype])
+        g = torch.Generator(device=device).manual_seed(seed)
+        nb = N * K // problem.blocksize
+        spread = torch.pow(10.0, torch.rand(nb, generator=g, device=device) * 4 - 2)   # block absmax over 4 decades
+        w = (torch.randn(nb, problem.blocksize, generator=g, device=device) * spread[:, None]).reshape(N, K)
+        B, qs = F.quantize_4bit(w.to(dt), blocksize=problem.blocksize, compress_statistics=True,
+                                quant_type=problem.quant)
+        cols = torch.pow(10.0, torch.rand(K, generator=g, device=device) * 2 - 1)
+        A = (torch.randn(M, K, generator=g, device=device) * cols).to(dt)
+        bias = (torch.randn(N, generator=g, device=device) * 10.0).to(dt) if with_bias else None
+        return MatmulInputs(A, B, qs, bias, M, N, K)
+
+    def _reference(self, inputs: MatmulInputs) -> dict:
+        """fp64 reference with float32 weights (bnb's CUDA dequantize, fp32 output), the bound's
+        S = |A| @ |W|.T + |bias|, and bnb's own result and errors."""
+        if inputs.ref:
+            return inputs.ref
+        import copy
+
+        import torch
+        import bitsandbytes as bnb
+        import bitsandbytes.functional as F
+
+        qs32 = copy.copy(inputs.qs)
+        qs32.dtype = torch.float32
+        W = F.dequantize_4bit(inputs.B, qs32).double()
+        A = inputs.A.double()
+        y = A @ W.t()
+        S = A.abs() @ W.abs().t()
+        if inputs.bias is not None:
+            y = y + inputs.bias.double()
+            S = S + inputs.bias.double().abs()
+        with torch.no_grad():
+            got = bnb.matmul_4bit(inputs.A, inputs.B.t(), inputs.qs, bias=inputs.bias)
+        err = (got.double() - y).abs()
+        inputs.ref = dict(y=y, S=S, bnb=got, bnb_max=float(err.max()), bnb_mean=float(err.mean()))
+        del W
+        return inputs.ref
+
+    def expected(self, inputs: MatmulInputs):
+        return self._reference(inputs)["y"]
+
+    def new_output(self, inputs: MatmulInputs, poison: bool = True):
+        import torch
+
+        if poison:
+            return torch.full((inputs.M, inputs.N), float("nan"), dtype=inputs.A.dtype, device=inputs.A.device)
+        return torch.empty((inputs.M, inputs.N), dtype=inputs.A.dtype, device=inputs.A.device)
+
+    def compare(self, got, want, inputs: MatmulInputs, config=None) -> Optional[str]:
+        """Within the variant's derived bound everywhere, and max / mean error no worse than
+        bnb's matmul_4bit beyond fp32 summation-order noise (gamma(K) * S)."""
+        ref = self._reference(inputs)
+        y, S = ref["y"], ref["S"]
+        g = got.double()
+        if not bool(g.isfinite().all()):
+            bad = (~g.isfinite()).nonzero()[0].tolist()
+            return f"non-finite output at {bad} (an element never written, or an overflow)"
+        err = (g - y).abs()
+        cfg = config or self.builtin_default(Problem((inputs.N, inputs.K), _dtype_name(inputs.A.dtype)))
+        bound = error_bound(cfg, inputs.K, S, y.abs())
+        over = err > bound
+        if bool(over.any()):
+            i = over.nonzero()[0].tolist()
+            return (f"{int(over.sum())} of {err.numel()} outputs exceed the derived error bound; first at {i}: "
+                    f"got {float(g[tuple(i)]):.6g}, fp64 reference {float(y[tuple(i)]):.6g}, error "
+                    f"{float(err[tuple(i)]):.3g} > bound {float(bound[tuple(i)]):.3g}")
+        noise = gamma(inputs.K + 16, 2.0**-24) * S
+        if float(err.max()) > ref["bnb_max"] + float(noise.max()):
+            return f"max error {float(err.max()):.4g} is worse than bnb's {ref['bnb_max']:.4g}"
+        if float(err.mean()) > ref["bnb_mean"] + float(noise.mean()):
+            return f"mean error {float(err.mean()):.4g} is worse than bnb's {ref['bnb_mean']:.4g}"
+        return None
+
+    # -- launching -----------------------------------------------------------------------
+    def plan_for(self, config, inputs: MatmulInputs, limits: DeviceLimits, registers: Optional[int]) -> MatmulPlan:
+        N, K, dtype = check_matmul_inputs(inputs.A, inputs.qs, inputs.bias)
+        if dtype != config.dtype:
+            raise UnsupportedInput(f"A is {dtype}, this variant computes in {config.dtype}")
+        if inputs.qs.quant_type != config.quant:
+            raise UnsupportedInput(f"quant_state.quant_type is {inputs.qs.quant_type!r}, this variant decodes "
+                                   f"{config.quant!r}")
+        M = inputs.A.numel() // K
+        g = int(inputs.qs.state2.blocksize) if inputs.qs.state2 is not None else 256
+        return MatmulPlan(config, M, N, K, int(inputs.qs.blocksize), g, limits, registers, inputs.A.device)
+
+    def launch_args(self, plan: MatmulPlan, inputs: MatmulInputs, out) -> tuple:
+        for name, t in (("A", inputs.A), ("B", inputs.B), ("out", out)):
+            if t.device.type != "cuda":
+                raise UnsupportedInput(f"{name} must be on a CUDA device, got {t.device}")
+        if out.dtype != inputs.A.dtype:
+            raise UnsupportedInput(f"out has dtype {out.dtype}, this variant writes {inputs.A.dtype}")
+        plan.check_call(inputs.A, inputs.B, out)
+        bias = inputs.bias.data_ptr() if inputs.bias is not None else 0
+        return plan.args(inputs.A.data_ptr(), inputs.B.data_ptr(), *stat_args(inputs.qs), bias, out.data_ptr())
+
+    # -- what it is judged against ---------------------------------------------------------
+    def peers(self, inputs: MatmulInputs, problem: Problem) -> dict:
+        """bnb's grad-free ``matmul_4bit`` (what users call: its fused kernel or dequantize +
+        F.linear, by its heuristics), and a dense F.linear with the 16-bit weight (what the
+        model would cost unquantized)."""
+        import torch
+        import bitsandbytes as bnb
+        import bitsandbytes.functional as F
+
+        A, B, qs, bias = inputs.A, inputs.B, inputs.qs, inputs.bias
+        dense = F.dequantize_4bit(B, qs).to(A.dtype)
+
+        def bnb_matmul():
+            with torch.no_grad():
+                return bnb.matmul_4bit(A, B.t(), qs, bias=bias)
+
+        def dense_linear():
+            return torch.nn.functional.linear(A, dense, bias)
+
+        return {REF_BNB_MATMUL: bnb_matmul, REF_DENSE: dense_linear}
+
+    def ceiling(self, inputs: MatmulInputs, problem: Problem):
+        """(label, callable, bytes): a read-only reduction of 512 MiB (the read bandwidth)."""
+        import torch
+
+        buf = torch.ones(READ_BYTES // 4, dtype=torch.float32, device=inputs.A.device)
+        sink = torch.empty((), dtype=torch.float32, device=inputs.A.device)
+        return REF_READ, (lambda: torch.sum(buf, dim=0, out=sink)), READ_BYTES
+
+
+def _dtype_name(torch_dtype) -> str:
+    return {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}[str(torch_dtype)]
+
+
+MATMUL = MatmulFamily()
