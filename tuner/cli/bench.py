@@ -44,6 +44,15 @@ def add_parser(sub):
                         "5120x13824 and 11008x4096), its host time per call, and a Linear4bit(4096, 14336) forward at "
                         "batch 4096 patched against unpatched; not stored")
     p.add_argument("--no-linear", action="store_true", help="with --runtime: skip the Linear4bit forward")
+    p.add_argument("--table", default=None, metavar="FILE|URL",
+                   help="with --runtime / --decode: serve from this configs.json or database (default: the runtime's "
+                        "own order: $NF4TUNE_CONFIGS, $NF4TUNE_DB, the packaged table)")
+    p.add_argument("--decode", action="store_true",
+                   help="matmul family: tokens/s of a Llama-3-8B-shaped model (random weights) decoding with a static "
+                        "KV cache under CUDA graphs, in bf16, with bnb's 4-bit kernels and patched; not stored")
+    p.add_argument("--batch", action="append", type=positive_int, default=None,
+                   help="with --decode: batch sizes (default 1 and 8)")
+    p.add_argument("--layers", type=positive_int, default=32, help="with --decode: decoder layers (default 32)")
     p.add_argument("--exhaustive", action="store_true",
                    help="screen every config of the space for each --shape, then measure the fastest --finalists "
                         "(and the --compare-db best) with the full harness; not stored")
@@ -90,9 +99,11 @@ def candidates_from_args(args, family, problem_values: dict, problem=None) -> li
 
 
 def run(args) -> int:
-    if args.runtime and args.exhaustive:
-        raise UserError("--runtime and --exhaustive are separate modes: give one")
+    if sum(map(bool, (args.runtime, args.exhaustive, args.decode))) > 1:
+        raise UserError("--runtime, --exhaustive and --decode are separate modes: give one")
     output_file(args.output)
+    if args.decode:
+        return _decode(args)
     if args.runtime:
         return _runtime(args)
     if not args.shape:
@@ -131,11 +142,57 @@ def run(args) -> int:
     return 0
 
 
+def _use_table(args) -> None:
+    if args.table:
+        from ..serve.table import use_configs
+
+        try:
+            use_configs(args.table)
+        except ValueError as e:
+            raise UserError(f"--table: {e}") from None
+
+
+def _decode(args) -> int:
+    from ..serve.decode import decode_benchmark, format_decode
+
+    if args.family != "matmul":
+        raise UserError("--decode measures the matmul family: add --family matmul")
+    _use_table(args)
+    require_gpu()
+    result = decode_benchmark(batches=tuple(args.batch or (1, 8)), layers=args.layers, table=args.table,
+                              progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(format_decode(result), flush=True)
+    if args.output:
+        write_json(args.output, result)
+    return 0
+
+
+def _matmul_runtime(args) -> int:
+    from ..serve.benchmark import bench_matmul_runtime, format_matmul_runtime
+
+    if not args.shape:
+        raise UserError("give at least one --shape (N x K) and --m for the matmul runtime")
+    problems = problems_from_args(args)
+    _use_table(args)
+    require_gpu()
+    reports = []
+    for i, prob in enumerate(problems):
+        print(f"[{i + 1}/{len(problems)}] {prob.label()}: the runtime as served against bnb", file=sys.stderr,
+              flush=True)
+        reports.append(bench_matmul_runtime(prob, seed=None if args.seed is None else args.seed + i,
+                                            time_cap_s=args.time_cap))
+    print(format_matmul_runtime(reports), flush=True)
+    if args.output:
+        write_json(args.output, reports)
+    return 0
+
+
 def _runtime(args) -> int:
     from ..serve.benchmark import RUNTIME_SHAPES, bench_runtime_problem, format_runtime, host_overhead, linear4bit_forward
 
-    if args.family != "dequant":
-        raise UserError(f"--runtime for the {args.family} family is `nf4-tune bench --family {args.family} --decode`")
+    if args.family == "matmul":
+        return _matmul_runtime(args)
+    _use_table(args)
     shapes = list(args.shape) if args.shape else list(RUNTIME_SHAPES)
     problems = problems_from_args(args, shapes=shapes)
     require_gpu()

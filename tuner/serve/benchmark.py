@@ -12,7 +12,7 @@ from ..measure.timing import gpu_state, l2_flush_buffer, measure_interleaved
 from ..vocabulary import REF_COPY, TORCH_DTYPE, Problem, speedup
 
 __all__ = ["RUNTIME_SHAPES", "RuntimeReport", "bench_runtime_problem", "host_overhead", "linear4bit_forward",
-           "format_runtime"]
+           "format_runtime", "bench_matmul_runtime", "format_matmul_runtime"]
 
 
 def _gbps(nbytes: int, us: float) -> float:
@@ -178,4 +178,60 @@ def format_runtime(reports: Sequence[RuntimeReport], overhead: Optional[dict] = 
         lines.append(f"{linear['layer']}: unpatched {linear['unpatched_us']:.1f} us (IQR {linear['unpatched_iqr_us']:.1f}), "
                      f"patched {linear['patched_us']:.1f} us (IQR {linear['patched_iqr_us']:.1f}), "
                      f"{linear['speedup']:.3f}x")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the matmul runtime
+REF_MATMUL_RUNTIME = "nf4-tune matmul_4bit (as served)"
+
+
+def bench_matmul_runtime(problem: Problem, seed: Optional[int] = None, **timing) -> dict:
+    """``tuner.serve.matmul_4bit`` as served (the tuned kernel where it beat bnb, bnb elsewhere)
+    against bnb's ``matmul_4bit``, a dense F.linear and the read-only ceiling, on M = the
+    bucket's rows: checked against the fp64 reference first, then timed interleaved, L2 flushed."""
+    import torch
+
+    from ..families.matmul import MATMUL, REF_BNB_MATMUL
+    from .matmul import explain_matmul, matmul_4bit
+
+    seed = secrets.randbits(31) if seed is None else seed
+    N, K = problem.shape
+    inputs = MATMUL.make_inputs(problem, (N, K, problem.m, False), seed)
+    A, Bt, qs = inputs.A, inputs.B.t(), inputs.qs
+    decision = explain_matmul(A, qs)
+    got = matmul_4bit(A, Bt, qs)
+    torch.cuda.synchronize()
+    ref = MATMUL.expected(inputs)
+    if decision.served:
+        bad = MATMUL.compare(got, ref, inputs, decision.choice.config)
+        if bad:
+            raise RuntimeError(f"{problem.label()}: the served kernel fails the gate: {bad}")
+    peers = MATMUL.peers(inputs, problem)
+    label, ceiling, ceiling_bytes = MATMUL.ceiling(inputs, problem)
+    fns = {REF_MATMUL_RUNTIME: lambda: matmul_4bit(A, Bt, qs), **peers, label: ceiling}
+    samples = measure_interleaved(fns, flush=l2_flush_buffer(), **timing)
+    nbytes = MATMUL.traffic(problem)
+    read_gbps = _gbps(ceiling_bytes, samples[label].median)
+    rows = {}
+    for name, s in samples.items():
+        g = _gbps(ceiling_bytes if name == label else nbytes, s.median)
+        rows[name] = dict(us=s.median, iqr_us=s.iqr, gbps=g, pct_read=100.0 * g / read_gbps,
+                          x_bnb=speedup(samples[REF_BNB_MATMUL].median, s.median))
+    return dict(problem=problem.to_dict(), label=problem.label(), served=decision.served, reason=decision.reason,
+                config=decision.choice.config.short() if decision.choice else None, bytes=nbytes, read_gbps=read_gbps,
+                rows=rows, seed=seed, gpu=gpu_state())
+
+
+def format_matmul_runtime(reports: Sequence[dict]) -> str:
+    from ..families.matmul import REF_BNB_MATMUL, REF_DENSE
+
+    lines = [f"{'problem':<34} {'served':<7} {'us':>8} {'GB/s':>6} {'%read':>6} {'x bnb':>6} {'bnb us':>8} "
+             f"{'%read':>6} {'dense us':>9}  config / why bnb"]
+    for r in reports:
+        o, b, d = r["rows"][REF_MATMUL_RUNTIME], r["rows"][REF_BNB_MATMUL], r["rows"][REF_DENSE]
+        lines.append(f"{r['label']:<34} {'tuned' if r['served'] else 'bnb':<7} {o['us']:>8.2f} {o['gbps']:>6.0f} "
+                     f"{o['pct_read']:>6.1f} {o['x_bnb']:>6.2f} {b['us']:>8.2f} {b['pct_read']:>6.1f} {d['us']:>9.2f}  "
+                     f"{r['config'] if r['served'] else r['reason']}")
+    if reports:
+        lines.append(f"read-only ceiling: {reports[0]['read_gbps']:.0f} GB/s (a 512 MiB reduction, same runs)")
     return "\n".join(lines)

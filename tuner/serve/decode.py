@@ -162,7 +162,7 @@ def decode_benchmark(batches=(1, 8), layers: int = 32, table: Optional[str] = No
 
     say = progress or (lambda msg: None)
     if table:
-        use_configs(table)
+        use_configs(table)       # (the CLI has loaded it already: a second load is cheap)
     t0 = time.perf_counter()
     model = build_model(layers)
     say(f"built a {layers}-layer Llama-3-8B-shaped model in {time.perf_counter() - t0:.0f} s")
