@@ -30,7 +30,12 @@
 //   NF4T_MTILE   rows of A per CTA: SIMT 1, 2, 4, 8 (each its own fp32 registers); MMA 8 or 16
 //                (one or two n8 tiles of the mma).
 //   NF4T_LUT     0 shared: the 16-entry code in shared memory (16 entries in 16 banks: a warp's
-//                lookups never conflict); 1 register: a 4-level select tree, no memory.
+//                lookups never conflict); a word's nibbles are turned into table offsets with
+//                two masks per word and one byte permute per nibble;
+//                1 register: a 4-level select tree, no memory;
+//                2 pair: a 256-entry table of (code[hi], code[lo]) float pairs, one lookup per
+//                packed byte (one 8-byte load for two values), replicated 16 times so that the
+//                16 lanes of a load phase always hit distinct banks (32 KiB of shared memory).
 //   NF4T_ASTAGE  0 global: each warp reads its run of A per k-iteration from global memory (L1
 //                and L2 hits: A is small and every CTA reads it); 1 shared: the CTA copies its
 //                K slice of A x MTILE into shared memory once (dynamic shared memory).
@@ -112,6 +117,9 @@ __device__ __forceinline__ float lut_select(u32 q) {
 }
 
 __shared__ float nf4t_lut[16];
+#if NF4T_LUT == 2
+__shared__ __align__(16) float2 nf4t_pairs[256 * 16];
+#endif
 
 __device__ __forceinline__ float lut(u32 q) {
 #if NF4T_LUT == 0
@@ -119,6 +127,59 @@ __device__ __forceinline__ float lut(u32 q) {
 #else
     return lut_select(q);
 #endif
+}
+
+// byte j of x, zero-extended (one byte permute)
+__device__ __forceinline__ u32 byte_at(u32 x, int j) {
+    u32 r;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(x), "r"(0x4440u | (u32)j));
+    return r;
+}
+
+// the code value at a byte offset (4 x nibble) into the 16-entry shared table
+__device__ __forceinline__ float lut_at(u32 offset) {
+    return *reinterpret_cast<const float*>(reinterpret_cast<const char*>(nf4t_lut) + offset);
+}
+
+// The two code values of packed byte j of word w: (first = high nibble, second = low nibble).
+struct Decoder {
+    u32 lane_off;     // pair table: this lane's copy (bytes)
+    __device__ __forceinline__ void values(u32 w, int j, float& first, float& second) const {
+#if NF4T_LUT == 0
+        const u32 hi4 = (w >> 2) & 0x3c3c3c3cu, lo4 = (w << 2) & 0x3c3c3c3cu;   // nibble x 4 in every byte
+        first = lut_at(byte_at(hi4, j));
+        second = lut_at(byte_at(lo4, j));
+#elif NF4T_LUT == 1
+        const u32 byte = (w >> (j * 8)) & 0xffu;
+        first = lut_select(byte >> 4);
+        second = lut_select(byte & 15u);
+#else
+        const float2 v = *reinterpret_cast<const float2*>(
+            reinterpret_cast<const char*>(nf4t_pairs) + ((byte_at(w, j) << 7) + lane_off));
+        first = v.x;
+        second = v.y;
+#endif
+    }
+};
+
+__device__ __forceinline__ void setup_tables() {
+    const float v[16] = {NF4T_V0, NF4T_V1, NF4T_V2, NF4T_V3, NF4T_V4, NF4T_V5, NF4T_V6, NF4T_V7,
+                         NF4T_V8, NF4T_V9, NF4T_V10, NF4T_V11, NF4T_V12, NF4T_V13, NF4T_V14, NF4T_V15};
+#if NF4T_LUT == 0
+    if (threadIdx.x < 16) nf4t_lut[threadIdx.x] = v[threadIdx.x];
+#elif NF4T_LUT == 2
+    for (u32 i = threadIdx.x; i < 256 * 16; i += blockDim.x) {
+        const u32 e = i >> 4;
+        nf4t_pairs[i] = make_float2(lut_select(e >> 4), lut_select(e & 15u));
+    }
+#endif
+    (void)v;
+}
+
+__device__ __forceinline__ Decoder make_decoder() {
+    Decoder d;
+    d.lane_off = (threadIdx.x & 15u) << 3;
+    return d;
 }
 
 // ---------------------------------------------------------------- conversions
@@ -269,17 +330,19 @@ __device__ __forceinline__ void load_a_run(const act_t* __restrict__ src, float 
 }
 
 // sum over a lane's run: byte j of the run holds values 2j (high nibble) and 2j+1 (low nibble)
-__device__ __forceinline__ float dot_run(const u32 (&w)[NF4T_WWORDS], const float (&a)[NF4T_VPL], float sc) {
+__device__ __forceinline__ float dot_run(const Decoder& dec, const u32 (&w)[NF4T_WWORDS], const float (&a)[NF4T_VPL],
+                                         float sc) {
     float acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < NF4T_LOAD; ++j) {
-        const u32 byte = (w[j >> 2] >> ((j & 3) * 8)) & 0xffu;
+        float first, second;
+        dec.values(w[j >> 2], j & 3, first, second);
 #if NF4T_SCALE == 0
-        acc = fmaf(__fmul_rn(lut(byte >> 4), sc), a[2 * j], acc);
-        acc = fmaf(__fmul_rn(lut(byte & 15u), sc), a[2 * j + 1], acc);
+        acc = fmaf(__fmul_rn(first, sc), a[2 * j], acc);
+        acc = fmaf(__fmul_rn(second, sc), a[2 * j + 1], acc);
 #else
-        acc = fmaf(lut(byte >> 4), a[2 * j], acc);
-        acc = fmaf(lut(byte & 15u), a[2 * j + 1], acc);
+        acc = fmaf(first, a[2 * j], acc);
+        acc = fmaf(second, a[2 * j + 1], acc);
 #endif
     }
 #if NF4T_SCALE == 1
@@ -294,13 +357,8 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
             const float* __restrict__ absmax_f, const float* __restrict__ offset_ptr,
             const act_t* __restrict__ bias, act_t* __restrict__ out, float* __restrict__ ws,
             u32* __restrict__ counters, u32 M, u32 N, u32 K, u32 log2_bs, u32 log2_g, u32 kper) {
-#if NF4T_LUT == 0
-    if (threadIdx.x < 16) {
-        const float v[16] = {NF4T_V0, NF4T_V1, NF4T_V2, NF4T_V3, NF4T_V4, NF4T_V5, NF4T_V6, NF4T_V7,
-                             NF4T_V8, NF4T_V9, NF4T_V10, NF4T_V11, NF4T_V12, NF4T_V13, NF4T_V14, NF4T_V15};
-        nf4t_lut[threadIdx.x] = v[threadIdx.x];
-    }
-#endif
+    setup_tables();
+    const Decoder dec = make_decoder();
     Scales s;
     s.absmax_q = absmax_q; s.code2 = code2; s.absmax2 = absmax2; s.absmax_f = absmax_f;
     s.offset = offset_ptr != nullptr ? __ldg(offset_ptr) : 0.0f;
@@ -361,7 +419,7 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
                 load_a_run(A + (u64)(m0 + m) * K + k, a);
 #endif
 #pragma unroll
-                for (int r = 0; r < NF4T_RPW; ++r) acc[m][r] += dot_run(w[r], a, sc[r]);
+                for (int r = 0; r < NF4T_RPW; ++r) acc[m][r] += dot_run(dec, w[r], a, sc[r]);
             }
         }
     }
@@ -390,11 +448,13 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
 #define NF4T_NT (NF4T_MTILE / 8)      // n8 tiles of the batch
 #define NF4T_RT (NF4T_RPW / 16)       // m16 tiles of W rows per warp
 
-// exact weight pair: (fl(lut[hi] * s), fl(lut[lo] * s)) rounded to the operand dtype, the first
-// value (high nibble) in the low half, as bnb's dequantize_4bit rounds them
-__device__ __forceinline__ u32 wpair(u32 byte, float sc) {
-    const float first = __fmul_rn(lut(byte >> 4), sc);
-    const float second = __fmul_rn(lut(byte & 15u), sc);
+// exact weight pair of byte j of word w: (fl(lut[hi] * s), fl(lut[lo] * s)) rounded to the
+// operand dtype, the first value (high nibble) in the low half, as bnb's dequantize_4bit rounds them
+__device__ __forceinline__ u32 wpair(const Decoder& dec, u32 w, int j, float sc) {
+    float first, second;
+    dec.values(w, j, first, second);
+    first = __fmul_rn(first, sc);
+    second = __fmul_rn(second, sc);
     u32 r;
 #if NF4T_ACT == 0
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(second), "f"(first));
@@ -418,9 +478,8 @@ __device__ __forceinline__ void mma16816(float (&c)[4], u32 a0, u32 a1, u32 a2, 
 #endif
 }
 
-__device__ __forceinline__ u32 byte_of(const uint4& v, int j) {
-    const u32 word = j < 4 ? v.x : j < 8 ? v.y : j < 12 ? v.z : v.w;
-    return (word >> ((j & 3) * 8)) & 0xffu;
+__device__ __forceinline__ u32 word_of(const uint4& v, int j) {   // the word holding byte j
+    return j < 4 ? v.x : j < 8 ? v.y : j < 12 ? v.z : v.w;
 }
 
 extern "C" __global__ void
@@ -429,13 +488,8 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
             const float* __restrict__ absmax_f, const float* __restrict__ offset_ptr,
             const act_t* __restrict__ bias, act_t* __restrict__ out, float* __restrict__ ws,
             u32* __restrict__ counters, u32 M, u32 N, u32 K, u32 log2_bs, u32 log2_g, u32 kper) {
-#if NF4T_LUT == 0
-    if (threadIdx.x < 16) {
-        const float v[16] = {NF4T_V0, NF4T_V1, NF4T_V2, NF4T_V3, NF4T_V4, NF4T_V5, NF4T_V6, NF4T_V7,
-                             NF4T_V8, NF4T_V9, NF4T_V10, NF4T_V11, NF4T_V12, NF4T_V13, NF4T_V14, NF4T_V15};
-        nf4t_lut[threadIdx.x] = v[threadIdx.x];
-    }
-#endif
+    setup_tables();
+    const Decoder dec = make_decoder();
     Scales s;
     s.absmax_q = absmax_q; s.code2 = code2; s.absmax2 = absmax2; s.absmax_f = absmax_f;
     s.offset = offset_ptr != nullptr ? __ldg(offset_ptr) : 0.0f;
@@ -513,10 +567,10 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
         for (int st = 0; st < 8; ++st) {           // k-step: values 4st..4st+3 of the run
 #pragma unroll
             for (int rt = 0; rt < NF4T_RT; ++rt) {
-                const u32 a0 = wpair(byte_of(wa[rt], 2 * st), sa[rt]);
-                const u32 a1 = wpair(byte_of(wb[rt], 2 * st), sb[rt]);
-                const u32 a2 = wpair(byte_of(wa[rt], 2 * st + 1), sa[rt]);
-                const u32 a3 = wpair(byte_of(wb[rt], 2 * st + 1), sb[rt]);
+                const u32 a0 = wpair(dec, word_of(wa[rt], 2 * st), (2 * st) & 3, sa[rt]);
+                const u32 a1 = wpair(dec, word_of(wb[rt], 2 * st), (2 * st) & 3, sb[rt]);
+                const u32 a2 = wpair(dec, word_of(wa[rt], 2 * st + 1), (2 * st + 1) & 3, sa[rt]);
+                const u32 a3 = wpair(dec, word_of(wb[rt], 2 * st + 1), (2 * st + 1) & 3, sb[rt]);
 #pragma unroll
                 for (int nt = 0; nt < NF4T_NT; ++nt) mma16816(c[rt][nt], a0, a1, a2, a3, bf[nt][2 * st], bf[nt][2 * st + 1]);
             }

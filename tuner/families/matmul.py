@@ -145,9 +145,10 @@ class MatmulPlan:
         self.block = threads
         act_bytes = OUT_BYTES[c.dtype]
         self.smem = c.mtile * kper * act_bytes if c.astage == "shared" else 0
-        if self.smem > limits.smem_per_block:
-            raise UnsupportedInput(f"{c.short()}: A staged in shared memory needs {self.smem} bytes "
-                                   f"(> {limits.smem_per_block} per block) at K per split {kper}")
+        static = 64 + (256 * 16 * 8 if c.lut == "pair" else 0)
+        if self.smem + static > limits.smem_per_block:
+            raise UnsupportedInput(f"{c.short()}: A staged in shared memory needs {self.smem} bytes beside "
+                                   f"{static} of tables (> {limits.smem_per_block} per block) at K per split {kper}")
         self.ws = self.counters = None
         if self.splits > 1:
             import torch
@@ -243,8 +244,9 @@ class MatmulFamily(Family):
         Knob("warps", (1, 2, 4, 8), "launch", label="w{}", help="warps per CTA"),
         Knob("ksplit", (1, 2, 4, 8, 16), "launch", label="k/{}",
              help="split-K: slices of K over CTAs, summed by fp32 atomics, the last CTA finishing the tile"),
-        Knob("lut", ("shared", "register"), "source", "NF4T_LUT",
-             help="the 16-entry code in shared memory, or a select tree in registers"),
+        Knob("lut", ("shared", "register", "pair"), "source", "NF4T_LUT",
+             help="the 16-entry code in shared memory, a select tree in registers, or a 256-entry table of "
+                  "code pairs (one lookup per byte), replicated per lane phase (32 KiB)"),
         Knob("astage", ("global", "shared"), "source", "NF4T_ASTAGE", label="A:{}",
              help="A read per step from global memory (L1/L2), or staged once per CTA in shared memory"),
         Knob("scale", ("value", "block"), "source", "NF4T_SCALE", label="s:{}",
