@@ -259,8 +259,9 @@ def _studies_figs(study: dict) -> dict:
     f1 = go.Figure()
     f1.add_trace(go.Scatter(x=[t["number"] for t in done], y=values, mode="markers", name="trial",
                             hovertemplate="trial %{x}: %{y:.2f} us<extra></extra>"))
-    f1.add_trace(go.Scatter(x=[t["number"] for t in trials], y=best_so_far, mode="lines", name="best so far",
-                            line=dict(shape="hv"), hovertemplate="after trial %{x}: best %{y:.2f} us<extra></extra>"))
+    if values:
+        f1.add_trace(go.Scatter(x=[t["number"] for t in trials], y=best_so_far, mode="lines", name="best so far",
+                                line=dict(shape="hv"), hovertemplate="after trial %{x}: best %{y:.2f} us<extra></extra>"))
     if failed:
         y = (max(values) * (1.6 if log else 1.15)) if values else 1.0
         f1.add_trace(go.Scatter(
@@ -388,9 +389,9 @@ function lay(f,menu){var l=copy(D.layouts[f._l]);l.template=T;
 var SLOTS={'study-trials':['trials','',D.scaleSwitch],'study-parcoords':['parcoords','no completed trial: nothing to draw'],
  'study-importance':['importance','importances need more finished trials with more than one value']};
 function slot(id){var el=document.getElementById(id),s=D.studies[sel?+sel.value:0],w=SLOTS[id],f=s&&s[w[0]];
- if(f){if(el.classList.contains('chart-empty')){el.classList.remove('chart-empty');el.textContent='';}
-  return Plotly.react(el,traces(f),lay(f,w[2]),C);}
- Plotly.purge(el);el.classList.add('chart-empty');el.textContent=w[1];return Promise.resolve();}
+ if(f){var l=lay(f,w[2]);if(el.classList.contains('chart-empty')){el.classList.remove('chart-empty');el.textContent='';}
+  el.style.height=(l.height||400)+'px';return Plotly.react(el,traces(f),l,C);}
+ Plotly.purge(el);el.classList.add('chart-empty');el.style.height='auto';el.textContent=w[1];return Promise.resolve();}
 // plotly.min.js (4.8 MB of script) is evaluated only when a chart is to be drawn: the tables
 // of the first screen never wait for it
 var P=null;
