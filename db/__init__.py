@@ -7,7 +7,7 @@ WAL mode), any SQLAlchemy URL (PostgreSQL) for a fleet. The schema is versioned 
 
 from ._engine import DEFAULT_URL, Database, connect, resolve_url
 from ._models import GPU, Base, Environment, Flag, KernelConfigRow, Measurement, Run
-from ._repository import Repository
+from ._repository import ENV_FIELDS, Repository
 
 __all__ = ["DEFAULT_URL", "Database", "connect", "resolve_url", "Base", "GPU", "Environment", "KernelConfigRow",
-           "Run", "Measurement", "Flag", "Repository"]
+           "Run", "Measurement", "Flag", "Repository", "ENV_FIELDS"]

@@ -239,9 +239,30 @@ class Repository:
             return nights
 
     # -- what the report reads -----------------------------------------------------------
+    @property
+    def display_url(self) -> str:
+        """The database's URL with any password hidden (what a report may print)."""
+        from sqlalchemy.engine import make_url
+
+        try:
+            return make_url(self.db.url).render_as_string(hide_password=True)
+        except Exception:   # not a URL SQLAlchemy parses: print nothing of it past the scheme
+            return self.db.url.split("://", 1)[0] + "://..."
+
     def report_rows(self) -> dict:
         """Everything ``reports/`` draws, as plain values: every measurement with its run, GPU
-        and config; every flag with its judged measurement; every run with its environment."""
+        and config; every flag with its judged measurement; every run with its environment and
+        GPU. Rows whose problem cannot be read (a shape that is not ROWSxCOLS) are not
+        returned with the others but listed under ``unreadable`` (table, id, shape)."""
+        unreadable = []
+
+        def problem(row, table):
+            try:
+                return _problem_of(row)
+            except (TypeError, ValueError):
+                unreadable.append(dict(table=table, id=row.id, shape=row.shape, dtype=row.dtype))
+                return None
+
         with self.db.session() as s:
             meas = []
             for m, run, gpu, knobs in s.execute(
@@ -249,9 +270,12 @@ class Repository:
                     .join(Run, Measurement.run_id == Run.id).join(GPU, Run.gpu_id == GPU.id)
                     .outerjoin(KernelConfigRow, Measurement.config_id == KernelConfigRow.id)
                     .order_by(Measurement.id)):
+                prob = problem(m, "measurements")
+                if prob is None:
+                    continue
                 meas.append(dict(
                     id=m.id, run=run.id, run_kind=run.kind, started=run.started_at, gpu=gpu.name,
-                    problem=_problem_of(m), label=m.label, status=m.status, reason=m.reason,
+                    problem=prob, label=m.label, status=m.status, reason=m.reason,
                     median_us=m.median_us, iqr_us=m.iqr_us, samples_us=list(m.samples_us or []), gbps=m.gbps,
                     pct_copy=m.pct_copy, speedup=m.speedup, bnb_median_us=m.bnb_median_us,
                     config=json.loads(knobs) if knobs else None, registers=m.registers,
@@ -263,8 +287,11 @@ class Repository:
                     .outerjoin(Measurement, Flag.measurement_id == Measurement.id)
                     .outerjoin(KernelConfigRow, Measurement.config_id == KernelConfigRow.id)
                     .order_by(Flag.id)):
+                prob = problem(f, "flags")
+                if prob is None:
+                    continue
                 flags.append(dict(
-                    id=f.id, gpu=gname, problem=_problem_of(f), run=f.run_id, flag=f.flag, tuned_us=tuned_us,
+                    id=f.id, gpu=gname, problem=prob, run=f.run_id, flag=f.flag, tuned_us=tuned_us,
                     tuned_iqr_us=tuned_iqr, speedup=f.speedup, baseline_speedup=f.baseline_speedup, drop=f.drop,
                     threshold=f.threshold, p_value=f.p_value, changes=f.changes or {}, reason=f.reason,
                     measurement_id=f.measurement_id, config=json.loads(knobs) if knobs else None))
@@ -275,4 +302,4 @@ class Repository:
                 runs.append(dict(run=run.id, kind=run.kind, started=run.started_at, ended=run.ended_at,
                                  command=run.command, gpu=gpu.name, compute_capability=gpu.compute_capability,
                                  **{k: getattr(env, k) for k in ENV_FIELDS}))
-            return dict(measurements=meas, flags=flags, runs=runs)
+            return dict(measurements=meas, flags=flags, runs=runs, unreadable=unreadable)

@@ -121,3 +121,29 @@ def test_read_only_never_creates_or_alters_a_database(tmp_path):
 def test_a_missing_driver_is_one_line_naming_the_package():
     with pytest.raises(DatabaseError, match="pip install mysqlclient"):
         connect("mysql://u@h/d")
+
+
+def test_report_rows_set_aside_a_row_whose_problem_cannot_be_read(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "r.db"
+    repo = Repository(connect(str(path)))
+    run = repo.start_run("bench", repo.gpu("G", "9.0", 1, 1, 1), repo.environment(
+        project_version="v", git_commit="c", nvrtc="n", driver="d", cuda_python="p", bnb="b", torch="t"))
+    for shape in ((64, 64), (128, 128)):
+        repo.add_measurement(run, Problem(shape), dict(label="x", status="ok", median_us=1.0))
+    repo.db.dispose()
+    con = sqlite3.connect(path)
+    con.execute("UPDATE measurements SET shape = '64x<b>' WHERE shape = '64x64'")
+    con.commit()
+    con.close()
+    rows = Repository(connect(str(path), read_only=True)).report_rows()
+    assert [m["problem"].shape for m in rows["measurements"]] == [(128, 128)]
+    assert rows["unreadable"] == [dict(table="measurements", id=1, shape="64x<b>", dtype="bf16")]
+
+
+def test_the_url_a_report_prints_hides_the_password():
+    from db._engine import Database
+
+    repo = Repository(Database("postgresql+psycopg://tuner:s3cret@dbhost/nf4tune", engine=None))
+    assert repo.display_url == "postgresql+psycopg://tuner:***@dbhost/nf4tune"

@@ -7,11 +7,13 @@ from ._common import UserError, add_db_arg, open_repo
 
 def add_parser(sub):
     p = sub.add_parser("report", help="write a static, offline HTML report of the database (reads only)",
-                       description="Overview per GPU x problem (best, bnb, x bnb, % of the ceiling, status, nightly "
-                                   "verdict), history per problem, each search study (trials, best so far, parallel "
-                                   "coordinates), a knob heatmap and the environment of each run, as index.html "
-                                   "with plotly.min.js beside it. The database is only read: a missing one is an "
-                                   "error.")
+                       description="A verdict block first (the latest night's status per GPU x problem, worst "
+                                   "first, counts per flag, the best ever against bnb in its own column, a legend), "
+                                   "then the nightly flags, a history per problem (dates, x bnb against the baseline "
+                                   "band and the threshold), one block per run (command, environment and config "
+                                   "diff against its baseline, measurement labels), the search studies and a knob "
+                                   "heatmap: index.html with plotly.min.js beside it, and the overview, flags and "
+                                   "history as CSV and JSON. The database is only read: a missing one is an error.")
     p.add_argument("-o", "--output", required=True, metavar="DIR")
     add_db_arg(p)
     p.set_defaults(func=run)
