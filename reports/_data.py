@@ -78,6 +78,7 @@ class ReportData:
     studies: list = field(default_factory=list)       # optuna studies: name, trials, importance
     knob_speed: list = field(default_factory=list)    # (problem sort key, label, knob, value, us)
     families: list = field(default_factory=list)      # one entry per family present
+    batch_curves: list = field(default_factory=list)  # per GPU x family x shape: x peer against the batch m
     unreadable: list = field(default_factory=list)    # rows whose problem could not be read
 
 
@@ -376,6 +377,7 @@ def collect(repo, storage_url: str = None, now: Optional[dt.datetime] = None) ->
     data.overview.sort(key=lambda r: r["sort"])
     for r in data.overview:
         del r["sort"]
+    data.batch_curves = _batch_curves(data.overview)
     data.counts = dict(sorted(Counter(r["status"] for r in data.overview).items(), key=lambda kv: -rank(kv[0])))
     data.families = [families[k] for k in sorted(families)]
 
@@ -398,6 +400,24 @@ def collect(repo, storage_url: str = None, now: Optional[dt.datetime] = None) ->
         data.meta["latest_night_date"] = _when(runs[data.meta["latest_night"]]["started"])
     data.studies = _studies(repo)
     return data
+
+
+def _batch_curves(overview: list) -> list:
+    """For families with a batch (the matmul family's m): per GPU x family x shape x dtype x
+    quant x blocksize, the best measured x peer at each batch bucket, in m order."""
+    groups: dict = {}
+    for r in overview:
+        if r.get("m") is None:
+            continue
+        k = (r["gpu"], r["family"], r["shape"], r["dtype"], r["quant"], r["blocksize"])
+        groups.setdefault(k, []).append(r)
+    out = []
+    for (gpu, family, shape, dtype, quant, bs), rows in sorted(groups.items(), key=lambda kv: kv[0]):
+        rows.sort(key=lambda r: r["m"])
+        out.append(dict(gpu=gpu, family=family, label=f"{family} {shape} {dtype} {quant} bs{bs}", peer=rows[0]["peer"],
+                        m=[r["m"] for r in rows], speedup=[r["best_measured_speedup"] for r in rows],
+                        keys=[r["key"] for r in rows]))
+    return out
 
 
 def _problem_fields(problem) -> dict:

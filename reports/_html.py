@@ -240,6 +240,35 @@ def history_fig(entry: dict):
     return fig
 
 
+def batch_fig(curve: dict):
+    """x peer (best measured) against the batch m of one shape, with the break-even line."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=curve["m"], y=curve["speedup"], mode="lines+markers", name=f"x {pt(curve['peer'])}",
+                             hovertemplate="m=%{x}: %{y:.2f}x<extra></extra>"))
+    fig.add_hline(y=1.0, line_dash="dot", annotation_text="as fast as the peer")
+    fig.update_layout(title=pt(f"{curve['label']} on {curve['gpu']}"), height=300,
+                      xaxis=dict(title="batch m (rows of A)", type="log", tickvals=curve["m"]),
+                      yaxis=dict(title=f"x {pt(curve['peer'])} (best measured)", rangemode="tozero"))
+    return fig
+
+
+def _batches(data: ReportData, figs: dict) -> list:
+    if not data.batch_curves:
+        return []
+    parts = ["<section id='batches'><h2>Batches <a class='pl' href='#batches'>#</a></h2><p class='note'>Families "
+             "with a batch (the matmul family): for each shape, the best measured speedup over the peer at each "
+             "batch bucket; under 1 the runtime leaves that batch to bnb.</p>"]
+    for i, c in enumerate(data.batch_curves):
+        figs[f"batch-{i}"] = fig_json(batch_fig(c))
+        links = " &middot; ".join(f"<a href='#{h(k)}'>m={m}</a>" for m, k in zip(c["m"], c["keys"]))
+        parts.append(f"<div class='problem'><h4>{h(c['label'])} &middot; {h(c['gpu'])}</h4>"
+                     f"<div class='note'>{links}</div>" + _chart(f"batch-{i}", figs) + "</div>")
+    parts.append("</section>")
+    return parts
+
+
 def _studies_figs(study: dict) -> dict:
     """The trials (log or linear, failed ones drawn with their reasons), the parallel
     coordinates (with the objective as an axis) and the importances of one study."""
@@ -752,7 +781,8 @@ def build_report(data: ReportData, out_dir) -> Path:
     title = f"nf4-tune report: {data.meta.get('database', '')}"
     downloads = " ".join(f"{name} <a href='{name}.csv' download>csv</a> <a href='{name}.json' download>json</a>"
                          f" &middot;" for name in DOWNLOADS).rstrip(" &middot;")
-    body = _verdict(data) + _flags(data) + _history(data, figs) + _runs(data) + _searches(data, studies)
+    body = (_verdict(data) + _flags(data) + _history(data, figs) + _batches(data, figs) + _runs(data)
+            + _searches(data, studies))
     if data.knob_speed:
         figs["knob-heatmap"] = fig_json(knob_heatmap(data.knob_speed))
         body.append("<section id='knobs'><h2>Knobs <a class='pl' href='#knobs'>#</a></h2><p class='note'>Per problem "
@@ -760,7 +790,8 @@ def build_report(data: ReportData, out_dir) -> Path:
                     "measured median (values of fewer than 3 samples left out).</p>"
                     + _chart("knob-heatmap", figs) + "</section>")
     body += _environments(data)
-    sections = ["verdict", "flags", "history", "runs"] + ["searches"] * bool(data.studies) + \
+    sections = ["verdict", "flags", "history"] + ["batches"] * bool(data.batch_curves) + ["runs"] + \
+        ["searches"] * bool(data.studies) + \
         ["knobs"] * bool(data.knob_speed) + ["environments"]
     nav = " ".join(f"<a href='#{a}'>{a}</a>" for a in sections)
     pack = FigurePack()

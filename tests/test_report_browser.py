@@ -264,6 +264,9 @@ def test_two_families_failed_trials_and_single_measurements(tmp_path):
         assert len(seen["single"]) == 1 and "m16" in seen["single"][0] and "1.36" in seen["single"][0]
         assert any("matmul-4096x4096-bf16-nf4-bs64-m1" in c for c in seen["charts"])
         assert "driver: 580.1 → 590.0" in seen["run6"] and "driver: 580.1 → 590.0" in seen["flags"]
+        # the matmul family's shape: x bnb against the batch m
+        batch = _gd(b, "batch-0", "{x: Array.from(gd.data[0].x), title: gd.layout.title.text}")
+        assert batch["x"] == [1, 16] and "matmul 4096x4096 bf16 nf4 bs64" in batch["title"]
         trials = _gd(b, "study-trials", """{type: gd.layout.yaxis.type, failed: gd.data.filter(function(t){
             return /failed/.test(t.name);}).map(function(t){return [t.name, JSON.stringify(t.customdata)];})}""")
         assert trials["type"] == "log"                                  # a 6000 us outlier
