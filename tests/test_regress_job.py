@@ -45,10 +45,13 @@ class FakeMeasure:
             r = BenchResult(label, config.to_dict(), "invalid", "shape (4096, 4096): 17 of 16777216 elements differ")
         else:
             r = BenchResult(label, config.to_dict(), "ok", "", med, 0.1, tuned, 3000.0, 80.0, bmed / med)
-        ref = BenchResult(REF_BNB, None, "reference", "", bmed, 0.1, bnb, 1500.0, 40.0, 1.0)
+        from tuner.families import get as get_family
+
+        peer = get_family(problem.family).peer_label
+        ref = BenchResult(peer, None, "reference", "", bmed, 0.1, bnb, 1500.0, 40.0, 1.0)
         state = dict(gpu_name=GPU.name, sm_clock_mhz=1980, max_sm_clock_mhz=1980, temperature_c=50)
         return ProblemReport(problem=problem.to_dict(), bytes_moved=1, copy_gbps=4000.0, results=[ref, r],
-                             gpu_before=state, gpu_after=state, seed=0, peer_label=REF_BNB,
+                             gpu_before=state, gpu_after=state, seed=0, peer_label=peer,
                              ceiling_label="device copy (ceiling)")
 
 
@@ -147,3 +150,30 @@ def test_regress_cannot_run_without_a_gpu_or_a_database(tmp_path, monkeypatch, c
     Repository(connect(str(tmp_path / "empty.db")))
     assert cli.main(["regress", "--db", str(tmp_path / "empty.db")]) == 2
     assert "no stored best config" in capsys.readouterr().err
+
+
+def test_the_matmul_family_is_judged_against_its_own_history_and_bnb_matmul(tmp_path):
+    """A second family goes through the same nightly job: its peer is bnb's matmul_4bit at the
+    same batch bucket."""
+    from tuner.families import MATMUL
+    from tuner.measure import record
+
+    repo = Repository(connect(f"sqlite:///{tmp_path / 'mm.db'}"))
+    run = repo.start_run("search", record.gpu_row(repo, GPU), repo.environment(**ENV))
+    mm = Problem((4096, 4096), "bf16", "nf4", 64, "matmul", 8)
+    cfg = MATMUL.builtin_default(mm)
+    repo.add_measurement(run, mm, dict(label="trial", status="ok", median_us=10.0, samples_us=[10.0]),
+                         repo.config(cfg.to_dict(), "th-mm", "matmul"))
+    repo.finish_run(run)
+    fake = FakeMeasure(seed=7)
+    for _ in range(4):
+        result = run_regress(repo, GPU, measure=fake, env=ENV)
+        assert [(v.problem, v.flag) for v in result.verdicts] == [("matmul 4096x4096 bf16 nf4 bs64 m8", "ok")]
+    history = repo.regress_history(GPU.name, mm, "bnb matmul_4bit")
+    assert len(history) == 4 and all(h["bnb_us"] for h in history)      # the peer's samples, found by its label
+    fake.slow[mm.label()] = 1.06
+    result = run_regress(repo, GPU, measure=fake, env=ENV)
+    assert result.verdicts[0].flag == "regression" and result.exit_code == 1
+    fake.slow[mm.label()] = 2.5
+    result = run_regress(repo, GPU, measure=fake, env=ENV)
+    assert result.verdicts[0].flag == "regression-vs-bnb"
