@@ -3,12 +3,10 @@ test double for the GPU measurement; and `nf4-tune regress`'s exit codes."""
 
 import random
 
-import pytest
 
 from tuner import cli
 from tuner.cli.regress import format_regress
 from tuner.families import DEQUANT
-from tuner.families.dequant import REF_BNB
 from tuner.kernel.gpu import GPUInfo
 from tuner.measure.bench import BenchResult, ProblemReport
 from tuner.track.nightly import run_regress
