@@ -106,7 +106,7 @@ class Measurement(Base):
 
 
 class Flag(Base):
-    """The nightly verdict of one problem in one regress run (see ``tuner.regression.judge``)."""
+    """The nightly verdict of one problem in one regress run (see ``tuner.track.regression.judge``)."""
 
     __tablename__ = "flags"
 

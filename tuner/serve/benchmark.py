@@ -46,7 +46,7 @@ class RuntimeReport:
 
 
 def bench_runtime_problem(problem: Problem, seed: Optional[int] = None, **timing) -> RuntimeReport:
-    """``tuner.runtime.dequantize_4bit`` against bnb's on one problem: checked bit for bit on the
+    """``tuner.serve.dequantize_4bit`` against bnb's on one problem: checked bit for bit on the
     timed data (NaN-poisoned ``out``), then timed interleaved with bnb and a copy, L2 flushed."""
     import torch
     import bitsandbytes.functional as F

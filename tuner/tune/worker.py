@@ -68,7 +68,7 @@ def _worker_main(conn, target: str) -> None:
 
 
 class WorkerMeasurer:
-    """A :class:`tuner.search.Measurer` that measures in a restartable worker process."""
+    """A :class:`tuner.tune.trial.Measurer` that measures in a restartable worker process."""
 
     def __init__(self, target: str = DEFAULT_TARGET, task_timeout_s: float = 180.0, options: Optional[dict] = None):
         self.target = target
