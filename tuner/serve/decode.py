@@ -212,12 +212,12 @@ def decode_benchmark(batches=(1, 8), layers: int = 32, table: Optional[str] = No
 def format_decode(d: dict) -> str:
     by = {(r["variant"], r["batch"]): r for r in d["results"]}
     lines = [f"Llama-3-8B-shaped decode, {d['layers']} layers, prompt {d['prompt_len']}, static KV cache, CUDA graphs",
-             f"{'batch':>5} {'variant':<8} {'ms/step':>9} {'IQR':>7} {'tokens/s':>9} {'x bnb':>6} {'x bf16':>6}"]
+             f"{'batch':>5} {'variant':<8} {'ms/step':>9} {'IQR':>7} {'tokens/s':>9} {'x bnb':>6} {'x bf16':>6}  mode"]
     for (variant, b), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         xb = by[("bnb", b)]["step_ms"] / r["step_ms"] if ("bnb", b) in by else float("nan")
         xf = by[("bf16", b)]["step_ms"] / r["step_ms"] if ("bf16", b) in by else float("nan")
         lines.append(f"{b:>5} {variant:<8} {r['step_ms']:>9.3f} {r['step_ms_iqr']:>7.3f} {r['tokens_per_s']:>9.1f} "
-                     f"{xb:>6.2f} {xf:>6.2f}")
+                     f"{xb:>6.2f} {xf:>6.2f}  {r['mode']}")
     for b, a in d["agreement"].items():
         lines.append(f"batch {b}: patched vs bnb logits: max |diff| {a['max_abs_logit_diff']:.4g}, "
                      f"mean {a['mean_abs_logit_diff']:.3g}, same argmax {100 * a['same_argmax']:.1f}%")
