@@ -43,6 +43,10 @@
 //                1 block: sum lut[q] * a over the lane's run, then one multiply by the scale.
 //                (SIMT only; the MMA path scales per value.)
 //   NF4T_WLOAD   0 plain loads of W; 1 streaming: ld.global.nc.L1::no_allocate (W is read once).
+//   NF4T_PREFETCH 0: a warp loads W (and the statistics) of a k-iteration, waits, computes;
+//                1: software pipelined: the next k-iteration's W and statistics are loaded before
+//                the current one is computed, so a warp always has loads in flight (twice the
+//                registers for W).
 //   NF4T_ACT     0 bf16, 1 fp16, 2 fp32 activations (and output, bias)
 //   NF4T_QUANT   0 nf4, 1 fp4
 // Launch knobs (not macros): threads per CTA (WARPS x 32, read as blockDim.x) and the split-K
@@ -268,6 +272,30 @@ __device__ __forceinline__ float scale_of(const Scales& s, u32 e) {  // e = n*K 
     return __fadd_rn(__fmul_rn(__ldg(s.code2 + __ldg(s.absmax_q + b)), __ldg(s.absmax2 + (b >> s.log2_g))), s.offset);
 }
 
+// The statistics of a block in two halves, so that a prefetch issues the loads from DRAM (the
+// absmax byte and group absmax, or the plain absmax) and the use finishes the scale later (the
+// code lookup hits L1): no load waits on another before the current step is computed.
+struct ScaleRaw {
+    u32 q;
+    float a;
+};
+__device__ __forceinline__ ScaleRaw scale_load(const Scales& s, u32 e) {
+    const u32 b = e >> s.log2_bs;
+    ScaleRaw r;
+    if (s.absmax_f != nullptr) {
+        r.q = 0u;
+        r.a = __ldg(s.absmax_f + b);
+    } else {
+        r.q = __ldg(s.absmax_q + b);
+        r.a = __ldg(s.absmax2 + (b >> s.log2_g));
+    }
+    return r;
+}
+__device__ __forceinline__ float scale_finish(const Scales& s, ScaleRaw r) {
+    if (s.absmax_f != nullptr) return r.a;
+    return __fadd_rn(__fmul_rn(__ldg(s.code2 + r.q), r.a), s.offset);
+}
+
 // ---------------------------------------------------------------- output
 // Add the bias, round and store y[m, n]; or, split over K, add the partial sum to the workspace.
 __device__ __forceinline__ void emit(float v, u32 m, u32 n, u32 N, const act_t* __restrict__ bias,
@@ -351,6 +379,24 @@ __device__ __forceinline__ float dot_run(const Decoder& dec, const u32 (&w)[NF4T
     return acc;
 }
 
+// W of a lane's run for the warp's rows (zeros past N) and the raw statistics of their blocks
+__device__ __forceinline__ void simt_load(const u8* __restrict__ B, const Scales& s, u32 row0, u32 N, u32 K, u32 k,
+                                          u32 (&w)[NF4T_RPW][NF4T_WWORDS], ScaleRaw (&raw)[NF4T_RPW]) {
+#pragma unroll
+    for (int r = 0; r < NF4T_RPW; ++r) {
+        const u32 n = row0 + r;
+        if (n < N) {
+            load_w(B + (((u64)n * K + k) >> 1), w[r]);
+            raw[r] = scale_load(s, n * K + k);
+        } else {
+#pragma unroll
+            for (int i = 0; i < NF4T_WWORDS; ++i) w[r][i] = 0u;
+            raw[r].q = 0u;
+            raw[r].a = 0.0f;
+        }
+    }
+}
+
 extern "C" __global__ void
 nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
             const u8* __restrict__ absmax_q, const float* __restrict__ code2, const float* __restrict__ absmax2,
@@ -394,21 +440,20 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
 #pragma unroll
         for (int r = 0; r < NF4T_RPW; ++r) acc[m][r] = 0.0f;
 
-    for (u32 k = k_begin + lane * NF4T_VPL; k < k_end; k += 32 * NF4T_VPL) {
-        u32 w[NF4T_RPW][NF4T_WWORDS];
-#pragma unroll
-        for (int r = 0; r < NF4T_RPW; ++r) {
-            const u32 n = row0 + r;
-            if (n < N) {
-                load_w(B + (((u64)n * K + k) >> 1), w[r]);
-            } else {
-#pragma unroll
-                for (int i = 0; i < NF4T_WWORDS; ++i) w[r][i] = 0u;
-            }
-        }
+    const u32 kstride = 32 * NF4T_VPL;
+    u32 w[NF4T_RPW][NF4T_WWORDS];
+    ScaleRaw raw[NF4T_RPW];
+    u32 k = k_begin + lane * NF4T_VPL;
+    if (k < k_end) simt_load(B, s, row0, N, K, k, w, raw);
+    for (; k < k_end; k += kstride) {
+#if NF4T_PREFETCH == 1
+        u32 wn[NF4T_RPW][NF4T_WWORDS];
+        ScaleRaw rawn[NF4T_RPW];
+        if (k + kstride < k_end) simt_load(B, s, row0, N, K, k + kstride, wn, rawn);
+#endif
         float sc[NF4T_RPW];
 #pragma unroll
-        for (int r = 0; r < NF4T_RPW; ++r) sc[r] = (row0 + r < N) ? scale_of(s, (row0 + r) * K + k) : 0.0f;
+        for (int r = 0; r < NF4T_RPW; ++r) sc[r] = (row0 + r < N) ? scale_finish(s, raw[r]) : 0.0f;
 #pragma unroll
         for (int m = 0; m < NF4T_MTILE; ++m) {
             if (m < (int)mrows) {
@@ -422,6 +467,16 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
                 for (int r = 0; r < NF4T_RPW; ++r) acc[m][r] += dot_run(dec, w[r], a, sc[r]);
             }
         }
+#if NF4T_PREFETCH == 1
+#pragma unroll
+        for (int r = 0; r < NF4T_RPW; ++r) {
+            raw[r] = rawn[r];
+#pragma unroll
+            for (int i = 0; i < NF4T_WWORDS; ++i) w[r][i] = wn[r][i];
+        }
+#else
+        if (k + kstride < k_end) simt_load(B, s, row0, N, K, k + kstride, w, raw);
+#endif
     }
 
     // warp sums; lane (m*RPW + r) % 32 emits (m, r)

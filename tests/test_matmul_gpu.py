@@ -55,10 +55,14 @@ def test_every_path_passes_the_gate(seed, m, knobs, dtype):
 
 def test_large_k_and_the_five_target_shapes(seed):
     for n, k in ((1024, 4096), (4096, 14336), (28672, 8192)):
-        for m, knobs in ((1, CONFIGS[0][1]), (16, CONFIGS[7][1])):
+        for m, knobs in ((1, CONFIGS[0][1]), (16, dict(CONFIGS[7][1], astage="global"))):
             c = MM.config(**knobs, dtype="bf16", quant="nf4", m=m)
             r = check_config(c, P(n, k, m), seed=seed)
             assert r.ok, f"{c.short()} {n}x{k}: {r.reason}"
+    # A staged in shared memory does not fit at K = 14336 with a 16-row batch tile: refused, with the reason
+    c = MM.config(**CONFIGS[7][1], dtype="bf16", quant="nf4", m=16)
+    r = check_config(c, P(4096, 14336, 16), seed=seed)
+    assert not r.ok and "shared memory" in r.reason
 
 
 def test_plain_absmax(seed):

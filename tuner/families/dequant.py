@@ -155,6 +155,21 @@ class QuantStateInfo:
     groupsize: int
 
 
+def check_attrs(qs) -> tuple:
+    """bnb's checks of a quant_state's blocksize, quant type and dtype (its messages, ValueError);
+    (blocksize, quant, dtype name)."""
+    import torch
+
+    if qs.blocksize not in BLOCKSIZES:
+        raise ValueError(f"invalid blocksize {qs.blocksize}")
+    if qs.quant_type not in QUANTS:
+        raise ValueError(f"quant_type must be 'nf4' or 'fp4', got {qs.quant_type!r}")
+    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(qs.dtype)
+    if dtype is None:
+        raise ValueError(f"Blockwise 4bit dequantization only supports 16/32-bit floats, but got {qs.dtype}")
+    return qs.blocksize, qs.quant_type, dtype
+
+
 def check_quant_state(qs, device) -> QuantStateInfo:
     """Check ``qs`` as bnb does (its messages and kinds: ValueError for a bad blocksize, quant
     type, dtype or too few statistics; RuntimeError, as ``torch._check`` raises, for tensors on
@@ -162,15 +177,7 @@ def check_quant_state(qs, device) -> QuantStateInfo:
     for non-contiguous statistics or a group size that is not a power of two)."""
     import torch
 
-    bs = qs.blocksize
-    if bs not in BLOCKSIZES:
-        raise ValueError(f"invalid blocksize {bs}")
-    quant = qs.quant_type
-    if quant not in QUANTS:
-        raise ValueError(f"quant_type must be 'nf4' or 'fp4', got {quant!r}")
-    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(qs.dtype)
-    if dtype is None:
-        raise ValueError(f"Blockwise 4bit dequantization only supports 16/32-bit floats, but got {qs.dtype}")
+    bs, quant, dtype = check_attrs(qs)
     state2 = qs.state2
     stats = qs.absmax
     torch._check(stats.device == device, lambda: f"Expected absmax.device == {device}, got {stats.device}")

@@ -63,6 +63,12 @@ def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
     return None
 
 
+def _prefetch_simt(mma, prefetch):
+    if mma == "mma" and prefetch:
+        return "prefetch is a SIMT knob (the tensor-core path keeps its loads for the next window in flight by row tiles)"
+    return None
+
+
 def _tile_fits_batch(mma, mtile, m):
     if mma == "simt" and mtile > m:
         return f"mtile {mtile} exceeds the batch bucket {m}"
@@ -253,6 +259,8 @@ class MatmulFamily(Family):
              help="scale every weight, or the sum of a lane's run once (SIMT)"),
         Knob("wload", ("plain", "stream"), "source", "NF4T_WLOAD",
              help="plain loads of W, or streaming (ld.global.nc.L1::no_allocate)"),
+        Knob("prefetch", (0, 1), "source", "NF4T_PREFETCH", label="pf{}",
+             help="SIMT: load the next k-step's W and statistics before computing the current one"),
         Knob("dtype", DTYPES, "problem", "NF4T_ACT", help="activation (and output) dtype"),
         Knob("quant", QUANTS, "problem", "NF4T_QUANT", help="4-bit code: nf4 or fp4"),
         Knob("m", M_BUCKETS, "problem", label="", help="the batch bucket the config is tuned for (not in the source)"),
@@ -260,6 +268,7 @@ class MatmulFamily(Family):
     constraints = (
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "scale", "dtype"), _path_shape),
         Constraint(("mma", "mtile", "m"), _tile_fits_batch),
+        Constraint(("mma", "prefetch"), _prefetch_simt),
     )
     constraint_text = (
         "mma: load_bytes 16, rows_per_warp 16/32/64, mtile 8/16, scale value, dtype bf16/fp16",
@@ -269,14 +278,14 @@ class MatmulFamily(Family):
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
-                    astage="global", scale="block", wload="stream", dtype="bf16", quant="nf4", m=1)
+                    astage="global", scale="block", wload="stream", prefetch=0, dtype="bf16", quant="nf4", m=1)
     presets = {
         # bnb's gemm_4bit_simt: one warp per row, 4 warps per CTA, 32 values per lane per step
         "bnb-like": dict(mma="simt", load_bytes=16, rows_per_warp=1, mtile=1, warps=4, ksplit=1, lut="shared",
-                         astage="global", scale="value", wload="plain"),
+                         astage="global", scale="value", wload="plain", prefetch=0),
     }
-    refine_order = ("ksplit", "warps", "rows_per_warp", "wload", "scale", "load_bytes", "mtile", "mma", "lut",
-                    "astage")
+    refine_order = ("ksplit", "warps", "rows_per_warp", "prefetch", "wload", "scale", "load_bytes", "mtile", "mma",
+                    "lut", "astage")
     peer_label = REF_BNB_MATMUL
     ceiling_label = REF_READ
     problem_knobs = {"dtype": "dtype", "quant": "quant", "m": "m"}

@@ -162,7 +162,9 @@ class PackedLaunch:
         self._function = kernel.function.handle      # a CUkernel: cuLaunchKernel takes it as it takes a CUfunction
         self._launch = driver.cuLaunchKernel
         self._ok = driver.CUresult.CUDA_SUCCESS
-        self._geometry = (plan.grid, 1, 1, plan.block, 1, 1, plan.smem)
+        grid = tuple(plan.grid) + (1, 1) if isinstance(plan.grid, tuple) else (plan.grid, 1, 1)
+        block = tuple(plan.block) + (1, 1) if isinstance(plan.block, tuple) else (plan.block, 1, 1)
+        self._geometry = (*grid[:3], *block[:3], plan.smem)
         self._lock = threading.Lock()
 
     def __call__(self, values, stream: int) -> None:

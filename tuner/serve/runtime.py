@@ -17,7 +17,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 
-from ..families.dequant import DequantPlan, check_quant_state, stat_pointers
+from ..families.dequant import DequantPlan, check_attrs, check_quant_state, stat_pointers
 from ..vocabulary import Problem, UnsupportedInput
 from . import table as _table
 from .table import Choice, choose_config
@@ -147,7 +147,7 @@ def dequantize_4bit(A, quant_state=None, absmax=None, out=None, blocksize=None, 
     :class:`UnsupportedInput` (a ``ValueError``) for CUDA inputs this kernel cannot take."""
     qs = quant_state if quant_state is not None else _legacy_quant_state(absmax, out, blocksize, quant_type)
     if not A.is_cuda:
-        check_quant_state(qs, A.device)
+        check_attrs(qs)
         raise RuntimeError(f"nf4-tune's dequantize_4bit runs on CUDA tensors, A is on {A.device}")
     p = _prepared.get(id(qs))
     if p is None or not _still_valid(p, qs) or A.get_device() != p.device_index:
