@@ -14,7 +14,7 @@ MODES=("$@"); [ ${#MODES[@]} -eq 0 ] && MODES=(tests bench)
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv
   $py - <<'PY'
 import torch, cuda.core, bitsandbytes, numpy
-from tuner.compiler import nvrtc_version
+from tuner.kernel.compiler import nvrtc_version
 print("torch", torch.__version__, "cuda.core", cuda.core.__version__, "bnb", bitsandbytes.__version__,
       "numpy", numpy.__version__, "nvrtc", nvrtc_version())
 PY

@@ -159,3 +159,12 @@ def test_local_refinement_reaches_the_optimum_next_to_the_best(tmp_path):
     ns = D.neighbours(c)
     assert c not in ns and len(ns) == len(set(ns)) and all(n.dtype == c.dtype for n in ns)
     assert c.replace(threads=128) in ns and c.replace(store="streaming") in ns
+
+
+def test_the_default_worker_target_resolves_to_the_real_measurement():
+    """The worker imports its target by name: a stale module path would make every trial of a
+    real search 'worker died' (the module moved in the layer restructure)."""
+    from tuner.tune import worker
+
+    fn = worker._resolve(worker.DEFAULT_TARGET)
+    assert fn is worker.measure_on_gpu

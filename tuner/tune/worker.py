@@ -18,7 +18,7 @@ from .trial import TrialOutcome
 
 __all__ = ["WorkerMeasurer", "measure_on_gpu"]
 
-DEFAULT_TARGET = "tuner.worker:measure_on_gpu"
+DEFAULT_TARGET = "tuner.tune.worker:measure_on_gpu"
 
 
 def measure_on_gpu(problem: dict, config_json: str, options: dict) -> dict:
