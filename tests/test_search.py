@@ -122,7 +122,9 @@ def test_two_workers_share_one_study(db_url):
     finished = [t for t in study.trials if t.state.is_finished()]
     assert len(numbers) == len(set(numbers))                  # no trial repeated
     assert 24 <= len(finished) <= 25                          # none lost (one may overshoot by a worker)
-    assert all(t.state.is_finished() for t in study.trials)   # none left running
+    # none left running (a refinement one worker queued as the other finished the last trial
+    # may stay WAITING: the next resume takes it first)
+    assert [t.number for t in study.trials if t.state == optuna.trial.TrialState.RUNNING] == []
 
 
 @pytest.mark.parametrize("target, reason", [

@@ -142,9 +142,11 @@ def run_search(problem: Problem, *, repo, storage_url: str, gpu_name: str, run, 
                n_trials: int = 30, sampler: str = "tpe", seed: Optional[int] = None,
                timeout: Optional[float] = None, remeasure: bool = False,
                progress: Optional[Callable[[int, int, Optional[float], Optional[float]], None]] = None,
-               template_hash: Optional[str] = None) -> SearchSummary:
+               template_hash: Optional[str] = None, worker: Optional[str] = None) -> SearchSummary:
     """Run (or resume) the study of ``problem`` until it holds ``n_trials`` finished trials
-    (or ``timeout`` seconds pass). Every trial's measurement is stored through ``repo``."""
+    (or ``timeout`` seconds pass). Every trial's measurement is stored through ``repo``.
+    ``worker`` names this measuring process in each trial it takes (user attribute ``worker``;
+    ``nf4-tune search --gpus`` runs one per GPU)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -152,11 +154,11 @@ def run_search(problem: Problem, *, repo, storage_url: str, gpu_name: str, run, 
         _ignore_heartbeat_notes()
         return _run_search(problem, repo=repo, storage_url=storage_url, gpu_name=gpu_name, run=run, measurer=measurer,
                            n_trials=n_trials, sampler=sampler, seed=seed, timeout=timeout, remeasure=remeasure,
-                           progress=progress, template_hash=template_hash)
+                           progress=progress, template_hash=template_hash, worker=worker)
 
 
 def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials, sampler, seed, timeout, remeasure,
-                progress, template_hash) -> SearchSummary:
+                progress, template_hash, worker) -> SearchSummary:
     import optuna
     from optuna.trial import TrialState
 
@@ -192,11 +194,15 @@ def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials
             _enqueue_refinement(study, family, problem)
         trial = study.ask(distributions)
         config = family.config_from_params(trial.params, problem)
-        trial.set_user_attr("config", config.to_json())
+        try:
+            trial.set_user_attr("config", config.to_json())
+            if worker:
+                trial.set_user_attr("worker", worker)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue    # another worker popped the same enqueued trial and has finished it already
         stored = None if remeasure else repo.measurement_of(gpu_name, problem, config.to_dict(), th)
         if stored is not None:
             outcome = TrialOutcome(stored.status, stored.median_us, stored.reason)
-            trial.set_user_attr("from_database", True)
         else:
             try:
                 with _Heartbeat(storage, trial._trial_id):
@@ -210,16 +216,21 @@ def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials
                 repo.add_measurement(run, problem, r, row if r.get("config") else None, gpu_state=outcome.gpu_state,
                                      bnb_median_us=outcome.bnb_median_us)
         try:
+            if stored is not None:
+                trial.set_user_attr("from_database", True)
             trial.set_user_attr("status", outcome.status)
             if outcome.status == "ok" and outcome.median_us is not None:
                 study.tell(trial, outcome.median_us)
             else:
                 trial.set_user_attr("reason", (outcome.reason or "")[:2000])
                 study.tell(trial, state=TrialState.FAIL)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            # two workers popped the same enqueued trial (a storage race), or a trial this
-            # worker measured past the grace period was failed as stale: the measurement is
-            # stored all the same
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as e:
+            # two workers popped the same enqueued trial (a storage race: SQLite has no row
+            # locks), or a trial this worker measured past the grace period was failed as
+            # stale: the measurement is stored all the same. optuna 4 raises
+            # UpdateFinishedTrialError here, optuna 5 "ValueError: Cannot tell a COMPLETE trial."
+            if isinstance(e, ValueError) and not str(e).startswith("Cannot tell a"):
+                raise
             continue
         new += 1
         try:
