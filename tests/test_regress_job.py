@@ -29,6 +29,7 @@ class FakeMeasure:
         self.rng = random.Random(seed)
         self.slow = {}
         self.broken = set()
+        self.stalls = {}          # problem label -> how many of its next measurements a host stall hits
         self.calls = []
 
     def __call__(self, problem, candidates):
@@ -39,6 +40,9 @@ class FakeMeasure:
         t = base * self.slow.get(problem.label(), 1.0)
         tuned = [t * drift * self.rng.gauss(1, 0.01) for _ in range(25)]
         bnb = [1.9 * base * drift * self.rng.gauss(1, 0.01) for _ in range(25)]
+        if self.stalls.get(problem.label()):
+            self.stalls[problem.label()] -= 1      # bnb's calls up to 2.8x slower, widely spread
+            bnb = [1.9 * base * drift * self.rng.uniform(1.0, 2.8) for _ in range(25)]
         med = sorted(tuned)[12]
         bmed = sorted(bnb)[12]
         if problem.label() in self.broken:
@@ -147,3 +151,41 @@ def test_regress_cannot_run_without_a_gpu_or_a_database(tmp_path, monkeypatch, c
     Repository(connect(str(tmp_path / "empty.db")))
     assert cli.main(["regress", "--db", str(tmp_path / "empty.db")]) == 2
     assert "no stored best config" in capsys.readouterr().err
+
+
+def test_a_stalled_reference_is_measured_again_and_otherwise_not_judged(tmp_path):
+    repo = _seeded_repo(f"sqlite:///{tmp_path / 'r.db'}")
+    fake = FakeMeasure(seed=4)
+    for _ in range(4):
+        run_regress(repo, GPU, measure=fake, env=ENV)
+    label = "8192x8192 bf16 nf4 bs64"
+
+    fake.stalls[label] = 1                       # the re-measurement is clean: judged on it
+    calls = len(fake.calls)
+    result = run_regress(repo, GPU, measure=fake, env=ENV)
+    v = {v.problem: v for v in result.verdicts}[label]
+    assert v.flag == "ok" and "judged on a re-measurement" in v.reason and len(fake.calls) == calls + 3
+    stored = {f.shape: f for f in repo.flags(result.run_id)}
+    labels = {m.id: m.label for m in repo.measurements(result.run_id)}
+    assert "re-measure: noisy reference" in labels[stored["8192x8192"].measurement_id]
+    # the history of that night pairs the judged measurement with the bnb samples measured beside it
+    from tuner.track.regression import relative_iqr
+
+    night = repo.regress_history(GPU.name, Problem((8192, 8192)), REF_BNB)[-1]
+    assert night["run_id"] == result.run_id and relative_iqr(night["bnb_us"]) < 0.05
+
+    fake.stalls[label] = 2                       # both stalled: not judged, not failing
+    result = run_regress(repo, GPU, measure=fake, env=ENV)
+    v = {v.problem: v for v in result.verdicts}[label]
+    assert v.flag == "noisy-reference" and "not judged" in v.reason
+    assert result.exit_code == 0 and [x.problem for x in result.not_judged] == [label]
+    text = format_regress(result)
+    assert "noisy-reference" in text and "relative IQR" in text and "1 not judged (noisy-reference)" in text
+    assert "clean" in text.splitlines()[-1]
+
+    fake.stalls[label] = 1                       # --no-remeasure: the stalled night stays not judged
+    result = run_regress(repo, GPU, measure=fake, env=ENV, remeasure=False)
+    assert {v.problem: v.flag for v in result.verdicts}[label] == "noisy-reference"
+    # the nights that were not judged stay out of the baseline: a quiet night is ok again
+    result = run_regress(repo, GPU, measure=fake, env=ENV)
+    assert {v.flag for v in result.verdicts} == {"ok"}

@@ -15,8 +15,8 @@ from typing import Callable, Optional
 
 from ..families import get as get_family
 from ..measure.record import environment_versions, record_report, recorded_run
-from ..vocabulary import FAILING_FLAGS, Problem
-from .regression import Night, Verdict, judge
+from ..vocabulary import FAILING_FLAGS, NOISY_REFERENCE, Problem
+from .regression import NOT_JUDGED, Night, Verdict, judge
 
 __all__ = ["ProblemVerdict", "RegressResult", "run_regress", "FAILING_FLAGS"]
 
@@ -46,6 +46,11 @@ class RegressResult:
     @property
     def failed(self) -> list:
         return [v for v in self.verdicts if v.flag in FAILING_FLAGS]
+
+    @property
+    def not_judged(self) -> list:
+        """Problems whose night was not judged (a disturbed reference, an environment off)."""
+        return [v for v in self.verdicts if v.flag in NOT_JUDGED]
 
     @property
     def exit_code(self) -> int:
@@ -113,6 +118,19 @@ def run_regress(repo, gpu, measure: Optional[Callable] = None, remeasure: bool =
             stored = record_report(repo, rec.run, report)
             night, tuned = _night_of(report, label, family.peer_label, night_env)
             verdict = judge(history, night)
+            if verdict.flag == NOISY_REFERENCE and remeasure:
+                # a disturbed reference: measure once more and judge that measurement if its
+                # reference is sound (else the night stays not judged)
+                again_label = label + " (re-measure: noisy reference)"
+                again = measure(problem, [(again_label, config)])
+                stored_again = record_report(repo, rec.run, again)
+                second, tuned2 = _night_of(again, again_label, family.peer_label, night_env)
+                v2 = judge(history, second)
+                if v2.flag != NOISY_REFERENCE:
+                    night, tuned, verdict, label = second, tuned2, v2, again_label
+                    stored = stored_again
+                    v2.reason = "; ".join(r for r in (v2.reason, "judged on a re-measurement: the first one's "
+                                                      "reference was disturbed") if r)
             if verdict.flag == "suspicious" and remeasure:
                 again = measure(problem, [(label + " (re-measure)", config)])
                 record_report(repo, rec.run, again)
