@@ -242,6 +242,7 @@ class Repository:
                     run_id=run.id, flag=flag.flag, started_at=run.started_at,
                     tuned_us=list(tuned.samples_us) if tuned else [], bnb_us=list(peer.samples_us) if peer else [],
                     bnb_iqr_us=peer.iqr_us if peer else None, bnb_median_us=peer.median_us if peer else None,
+                    bnb_reason=peer.reason if peer else "",
                     config=knobs, env={k: getattr(env, k) for k in ENV_FIELDS}))
             return nights
 

@@ -189,3 +189,27 @@ def test_flags_are_ordered_mildest_first():
     assert FLAGS[-len(FAILING_FLAGS):] == FAILING_FLAGS          # failing verdicts last
     assert set(NOT_JUDGED) <= set(FLAGS)
     assert max(FLAGS.index(f) for f in NOT_JUDGED) < FLAGS.index("suspicious")
+
+
+def test_a_change_of_how_bnb_is_timed_starts_a_new_baseline():
+    """bnb timed from CUDA-graph replays runs faster than bnb timed by direct calls (no launch
+    gaps): against a baseline timed the old way that would read as an 8% lower speedup."""
+    rng = random.Random(11)
+    hist = _good_history(rng, 6)
+    for n in hist:
+        n.env["bnb_timing"] = "direct"
+    graphed = dict(driver="580", bnb="0.50.2", bnb_timing="graph")
+    first = _night(rng, bnb=180.0 * 0.92, env=dict(graphed))
+    assert judge(hist, _night(rng, bnb=180.0 * 0.92, env=dict(graphed, bnb_timing="direct"))).flag == "suspicious"
+    v = judge(hist, first)
+    assert v.flag == "ok" and "a new baseline: bnb_timing direct -> graph" in v.reason
+    assert v.changes == {"bnb_timing": ("direct", "graph")}
+    first.verdict = v.flag
+    hist.append(first)
+    for _ in range(3):
+        n = _night(rng, bnb=180.0 * 0.92, env=dict(graphed))
+        n.verdict = judge(hist, n).flag
+        assert n.verdict == "ok"
+        hist.append(n)
+    # judged against the nights timed the same way: a real slowdown is still caught
+    assert judge(hist, _night(rng, tuned=110.0, bnb=180.0 * 0.92, env=dict(graphed))).flag == "suspicious"

@@ -67,11 +67,20 @@ def _config_label(family, knobs) -> str:
         return json.dumps(d, sort_keys=True)
 
 
+def timing_mode(text: Optional[str]) -> str:
+    """``graph`` or ``direct`` out of a peer's timing (``direct (why not graph)``, or a stored
+    reference's reason ``timing: ...``); ``direct`` where none was recorded (the harness timed
+    bnb by direct calls before it used graphs)."""
+    text = (text or "").removeprefix("timing:").strip()
+    return "graph" if text == "graph" else "direct"
+
+
 def _night_of(report, tuned_label: str, peer_label: str, env: dict) -> tuple[Night, object]:
     """(Night, the tuned result) out of a :class:`tuner.measure.bench.ProblemReport`."""
     tuned = report.result(tuned_label)
     peer = report.result(peer_label)
     st = report.gpu_after or {}
+    env = dict(env, bnb_timing=timing_mode(getattr(report, "bnb_timing", "")))
     night = Night(tuned_us=list(tuned.samples_us), bnb_us=list(peer.samples_us), gate_ok=tuned.status == "ok",
                   env=env, sm_clock_mhz=st.get("sm_clock_mhz"), max_sm_clock_mhz=st.get("max_sm_clock_mhz"),
                   temperature_c=st.get("temperature_c"))
@@ -81,7 +90,7 @@ def _night_of(report, tuned_label: str, peer_label: str, env: dict) -> tuple[Nig
 def _history(repo, gpu_name: str, problem: Problem, family) -> list[Night]:
     nights = []
     for h in repo.regress_history(gpu_name, problem, family.peer_label):
-        env = dict(h["env"], config=_config_label(family, h["config"]))
+        env = dict(h["env"], config=_config_label(family, h["config"]), bnb_timing=timing_mode(h.get("bnb_reason")))
         nights.append(Night(tuned_us=h["tuned_us"] or [float("nan")], bnb_us=h["bnb_us"] or [float("nan")],
                             gate_ok=h["flag"] != "broken", env=env, verdict=h["flag"]))
     return nights

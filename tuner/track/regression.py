@@ -40,7 +40,7 @@ from typing import Optional, Sequence
 from ..vocabulary import NOISY_REFERENCE
 
 __all__ = ["Night", "Verdict", "judge", "mann_whitney_greater", "env_changes", "relative_iqr", "MIN_DROP",
-           "NOISE_FACTOR", "NOISY_FACTOR", "NOISY_MIN", "NOISY_JUMP", "NOT_JUDGED"]
+           "NOISE_FACTOR", "NOISY_FACTOR", "NOISY_MIN", "NOISY_JUMP", "NOT_JUDGED", "METHOD_KEYS"]
 
 MIN_DROP = 0.05          # at least a 5% drop of the speedup
 NOISE_FACTOR = 3.0       # and at least 3x the baseline's night-to-night noise
@@ -54,6 +54,16 @@ NOISY_JUMP = 1.5         # a speedup this far over the baseline's, nothing else 
 #: the verdicts of nights that were not judged: they neither join the baseline nor break a run
 #: of suspicious nights
 NOT_JUDGED = (NOISY_REFERENCE, "invalid-environment")
+#: environment entries that are how a night was measured, not what was measured: a night is
+#: compared only with good nights measured the same way (bnb timed from CUDA-graph replays runs
+#: faster than bnb timed by direct calls, which would read as a drop of the speedup)
+METHOD_KEYS = ("bnb_timing",)
+
+
+def _baseline(history: Sequence[Night], night: Night) -> list:
+    """The recent good nights measured the way ``night`` was (at most BASELINE_NIGHTS)."""
+    return [h for h in history if h.verdict == "ok"
+            and all(h.env.get(k) == night.env.get(k) for k in METHOD_KEYS)][-BASELINE_NIGHTS:]
 
 
 @dataclass
@@ -155,7 +165,7 @@ def _noisy_reference(history: Sequence[Night], night: Night) -> Optional[str]:
     """Why tonight's peer samples are too disturbed to judge by, or None: their spread against
     the good nights' (or, without a baseline yet, against the absolute limit alone), then the
     speedup's jump with nothing else changed."""
-    good = [h for h in history if h.verdict == "ok"][-BASELINE_NIGHTS:]
+    good = _baseline(history, night)
     tonight = relative_iqr(night.bnb_us)
     if tonight is not None and tonight > NOISY_MIN:
         past = [r for r in (relative_iqr(g.bnb_us) for g in good) if r is not None]
@@ -178,9 +188,15 @@ def _noisy_reference(history: Sequence[Night], night: Night) -> Optional[str]:
 
 
 def _drop_verdict(history: Sequence[Night], night: Night) -> Verdict:
-    good = [h for h in history if h.verdict == "ok"][-BASELINE_NIGHTS:]
+    good = _baseline(history, night)
     if len(good) < MIN_BASELINE:
-        return Verdict("ok", speedup=night.speedup, reason=f"baseline has {len(good)} good nights, needs {MIN_BASELINE}")
+        earlier = [h for h in history if h.verdict == "ok"]
+        reason = f"baseline has {len(good)} good nights, needs {MIN_BASELINE}"
+        changed = env_changes(earlier[-1].env, night.env) if earlier else {}
+        method = {k: v for k, v in changed.items() if k in METHOD_KEYS}
+        if method:
+            reason += " (a new baseline: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in method.items()) + ")"
+        return Verdict("ok", speedup=night.speedup, reason=reason, changes=changed)
     speedups = [g.speedup for g in good]
     base = statistics.median(speedups)
     noise = statistics.pstdev(speedups) / base if len(speedups) > 1 else 0.0
