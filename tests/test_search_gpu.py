@@ -26,14 +26,18 @@ def _study(url):
     import optuna
 
     storage = optuna.storages.RDBStorage(url)
-    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    names = optuna.get_all_study_names(storage)
     return optuna.load_study(study_name=names[0], storage=storage) if len(names) == 1 else None
 
 
 def _states(url):
     from optuna.trial import TrialState
+    from sqlalchemy.exc import SQLAlchemyError
 
-    study = _study(url)
+    try:
+        study = _study(url)
+    except (SQLAlchemyError, RuntimeError):   # the search is still making its tables
+        return {}, []
     if study is None:
         return {}, []
     trials = study.get_trials(deepcopy=False)
