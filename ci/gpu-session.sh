@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine: environment, GPU tests, then benchmarks. Everything lands in
 # $OUT (default ./gpu-out). Usage: bash ci/gpu-session.sh [tests] [bench] [explore] [search] [runtime]
-# [exhaustive] [fp32probe] [nightly]
+# [exhaustive] [fp32probe] [nightly] [multigpu]
 set -uo pipefail
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/.devsite:$PWD PYTHONUNBUFFERED=1
@@ -95,4 +95,13 @@ if want quality; then
   done
   $py -m tuner.cli bench --exhaustive --shape 4096x4096 --shape 8192x8192 --shape 16384x16384 \
      --compare-db "$OUT/quality.db" -o "$OUT/exhaustive.json" 2>&1 | tr '\r' '\n' | grep -v '/9240 (' | tee -a "$OUT/quality.txt"
+fi
+if want multigpu; then
+  # wall time of one problem set (Llama-3-8B's four shapes) on GPU 0 alone and on every visible GPU,
+  # each into a fresh database, the compile cache warmed first: the speedup is the ratio of the two
+  $py -m tuner.cli compile --dtype bf16 --quant nf4 --quiet 2>&1 | tee -a "$OUT/multigpu.txt"
+  for g in 0 all; do
+    $py -m tuner.cli search --model examples/models/llama-3-8b.json --trials ${TRIALS:-30} --gpus $g --quiet \
+       --db "$OUT/gpus-$g.db" 2>&1 | tee -a "$OUT/multigpu.txt"
+  done
 fi
