@@ -9,6 +9,7 @@
 #   mmbench      matmul: the served table against bnb at the target shapes and batches
 #   decode       matmul: Llama-3-8B-shaped decode, patched / bnb / bf16, under CUDA graphs
 #   nightly      the nightly job on a copy of the search database (quiet nights, then a planted slow config)
+#   multigpu     a whole-model search on GPU 0 alone, then on every visible GPU (--gpus all)
 set -uo pipefail
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/.devsite:$PWD PYTHONUNBUFFERED=1
@@ -81,4 +82,13 @@ if want nightly; then
   done
   $py ci/plant_slow_config.py --db "$OUT/nightly.db" --shape 8192x8192 --dtype bf16 2>&1 | tee -a "$OUT/nightly.txt"
   bash ci/nightly.sh "$OUT/nightly.db" 2>&1 | tee -a "$OUT/nightly.txt"; echo "planted night exit ${PIPESTATUS[0]}" | tee -a "$OUT/nightly.txt"
+fi
+if want multigpu; then
+  # wall time of one problem set (Llama-3-8B's four shapes) on GPU 0 alone and on every visible GPU,
+  # each into a fresh database, the compile cache warmed first: the speedup is the ratio of the two
+  $py -m tuner.cli compile --dtype bf16 --quant nf4 --quiet 2>&1 | tee -a "$OUT/multigpu.txt"
+  for g in 0 all; do
+    $py -m tuner.cli search --model examples/models/llama-3-8b.json --trials ${TRIALS:-30} --gpus $g --quiet \
+       --db "$OUT/gpus-$g.db" 2>&1 | tee -a "$OUT/multigpu.txt"
+  done
 fi

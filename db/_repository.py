@@ -225,9 +225,16 @@ class Repository:
             nights = []
             for flag, run, env in s.execute(stmt):
                 tuned = s.get(Measurement, flag.measurement_id) if flag.measurement_id else None
-                peer = s.scalars(_where_problem(select(Measurement), Measurement, problem)
-                                 .where(Measurement.run_id == run.id, Measurement.label == peer_label)
-                                 .order_by(Measurement.id)).first()
+                # the peer measured beside the judged measurement: a report stores its references
+                # before its candidates, so the last peer row before the tuned one (a night
+                # judged on a re-measurement has two)
+                peers = (_where_problem(select(Measurement), Measurement, problem)
+                         .where(Measurement.run_id == run.id, Measurement.label == peer_label))
+                peer = None
+                if tuned is not None:
+                    peer = s.scalars(peers.where(Measurement.id < tuned.id).order_by(Measurement.id.desc())).first()
+                if peer is None:
+                    peer = s.scalars(peers.order_by(Measurement.id)).first()
                 knobs = None
                 if tuned is not None and tuned.config_id is not None:
                     knobs = s.get(KernelConfigRow, tuned.config_id).knobs
@@ -235,6 +242,7 @@ class Repository:
                     run_id=run.id, flag=flag.flag, started_at=run.started_at,
                     tuned_us=list(tuned.samples_us) if tuned else [], bnb_us=list(peer.samples_us) if peer else [],
                     bnb_iqr_us=peer.iqr_us if peer else None, bnb_median_us=peer.median_us if peer else None,
+                    bnb_reason=peer.reason if peer else "",
                     config=knobs, env={k: getattr(env, k) for k in ENV_FIELDS}))
             return nights
 

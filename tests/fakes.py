@@ -57,3 +57,36 @@ def worker_hang(problem, config_json, options):
 
 def worker_raise(problem, config_json, options):
     raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+class StallingMeasurer(FakeMeasurer):
+    """A FakeMeasurer whose call number ``stall_at`` (1-based) writes ``marker`` and then sleeps
+    for ``stall_s``: a search to kill in the middle of a trial."""
+
+    def __init__(self, marker, stall_at=5, stall_s=600.0, delay_s=0.0):
+        super().__init__(delay_s=delay_s)
+        self.marker, self.stall_at, self.stall_s = marker, stall_at, stall_s
+
+    def measure(self, problem, config):
+        if len(self.calls) + 1 == self.stall_at:
+            with open(self.marker, "w") as f:
+                f.write(config.to_json())
+            time.sleep(self.stall_s)
+        return super().measure(problem, config)
+
+
+# `nf4-tune search --gpus` child targets (module:function) for the CPU tests
+def fake_gpu_search(spec):
+    """One 'GPU' worker: the real child code with a test double for the GPU and its measurement."""
+    from tuner.kernel.gpu import GPUInfo
+    from tuner.tune.multigpu import search_on_visible_gpu
+
+    gpu = GPUInfo("Fake GPU", "sm_90", (9, 0), 132, 60 << 20, 141 << 30, "580.1")
+    assert os.environ["CUDA_VISIBLE_DEVICES"] in ("0", "1", "5", "7")
+    return search_on_visible_gpu(spec, gpu=gpu, measurer=FakeMeasurer(delay_s=0.05))
+
+
+def fake_gpu_search_failing_on_1(spec):
+    if os.environ["CUDA_VISIBLE_DEVICES"] == "1":
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (planted)")
+    return fake_gpu_search(spec)

@@ -113,6 +113,53 @@ def test_transposed_packed_form_is_transposed_back():
     assert torch.equal(_bits(got.contiguous()), _bits(want.contiguous()))
 
 
+def _bnb_cpu_native(shape, blocksize) -> bool:
+    """Whether bnb 0.50's CPU dequantize_4bit takes its native kernel (else its generic torch
+    path): even rows, and not a blocksize >= 2048 on an AVX-512 machine."""
+    from bitsandbytes.backends.cpu import ops
+
+    return shape[-1] % 2 == 0 and not (ops._has_avx512 and blocksize >= 2048)
+
+
+@pytest.mark.parametrize("blocksize", [64, 4096])
+@pytest.mark.parametrize("n", [1, 2, 3, 63, 64, 65, 4096, 4097])
+def test_one_dimensional_weights_have_bnb_shape(seed, n, blocksize):
+    """A 1-D weight of n values dequantizes to shape (n,), as bnb's CUDA dequantize_4bit
+    returns it (torch.empty(quant_state.shape); the legacy-form transpose is a no-op on 1-D),
+    for the packed [(n+1)//2, 1] form and the legacy [1, (n+1)//2] form alike. bnb's CPU path
+    gives the same values; its native CPU kernel (even n) shapes them (1, n), which the legacy
+    shim then transposes to (n, 1); its generic path gives (n,)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, generator=g).to(torch.bfloat16)
+    for nested in (True, False):
+        A, qs = bnb_F.quantize_4bit(w, blocksize=blocksize, quant_type="nf4", compress_statistics=nested)
+        A2, qs2 = R.quantize_4bit(w, blocksize=blocksize, quant_type="nf4", compress_statistics=nested)
+        assert tuple(qs2.shape) == tuple(qs.shape) == (n,) and A2.shape == A.shape
+        for packed in (A, A.t().contiguous()):
+            ctx = f"seed {seed} n {n} nested {nested} A {tuple(packed.shape)}"
+            got = R.dequantize_4bit(packed, qs)
+            assert tuple(got.shape) == (n,), ctx
+            assert tuple(R.dequantize_4bit(packed, qs2).shape) == (n,), ctx
+            want = bnb_F.dequantize_4bit(packed, qs)
+            assert torch.equal(_bits(got), _bits(want.reshape(-1))), ctx
+            if _bnb_cpu_native((n,), blocksize):
+                cpu_shape = (n, 1) if packed.shape[0] == 1 else (1, n)
+            else:
+                cpu_shape = (n,)
+            assert tuple(want.shape) == cpu_shape, ctx
+
+
+def test_two_dimensional_weights_in_the_legacy_form_are_transposed_like_bnb():
+    """bnb transposes the output whenever A's first dimension is 1, also for a [1, 2] weight
+    whose packed form [1, 1] is both forms at once."""
+    for shape in [(1, 2), (2, 1), (1, 1), (1, 64), (3, 1)]:
+        w = torch.randn(shape)
+        A, qs = bnb_F.quantize_4bit(w, blocksize=64)
+        got, want = R.dequantize_4bit(A, qs), bnb_F.dequantize_4bit(A, qs)
+        assert got.shape == want.shape, shape
+        assert torch.equal(_bits(got.contiguous()), _bits(want.contiguous())), shape
+
+
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="blocksize"):
         R.quantize_4bit(torch.randn(100), blocksize=48)
@@ -130,3 +177,21 @@ def test_bf16_rounding_is_nearest_even():
     bits = R.to_output_bits(vals, "bfloat16")
     want = torch.from_numpy(vals).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     assert np.array_equal(bits, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", ["nf4", "fp4"])
+def test_reference_matches_bnb_cuda_shapes_and_bits(seed, quant):
+    """On the GPU: the reference and bnb's CUDA dequantize_4bit agree in shape and in every bit,
+    for 1-D weights (odd and even counts), 2-D weights, and the legacy [1, m] packed form."""
+    g = torch.Generator().manual_seed(seed)
+    for shape in [(1,), (2,), (65,), (4096,), (4097,), (1, 2), (2, 1), (37, 4097), (64, 64)]:
+        for dtype in DTYPES:
+            w = torch.randn(shape, generator=g).to(dtype).cuda()
+            A, qs = bnb_F.quantize_4bit(w, blocksize=64, quant_type=quant, compress_statistics=True)
+            for packed in (A, A.t().contiguous()):
+                want = bnb_F.dequantize_4bit(packed, qs)
+                got = R.dequantize_4bit(packed, qs)
+                ctx = f"seed {seed} shape {shape} {dtype} A {tuple(packed.shape)}"
+                assert got.shape == want.shape, ctx
+                assert torch.equal(_bits(got.contiguous()), _bits(want.contiguous().cpu())), ctx

@@ -27,6 +27,9 @@ class FakeMeasure:
         self.rng = random.Random(seed)
         self.slow = {}
         self.broken = set()
+        self.stalls = {}          # problem label -> how many of its next measurements a host stall hits
+        self.bnb_timing = ""      # how the harness says it timed bnb ("" before it said so)
+        self.bnb_factor = 1.0     # bnb's time under that timing
         self.calls = []
 
     def __call__(self, problem, candidates):
@@ -36,7 +39,10 @@ class FakeMeasure:
         base = 10.0 * problem.numel / 4096 ** 2
         t = base * self.slow.get(problem.label(), 1.0)
         tuned = [t * drift * self.rng.gauss(1, 0.01) for _ in range(25)]
-        bnb = [1.9 * base * drift * self.rng.gauss(1, 0.01) for _ in range(25)]
+        bnb = [1.9 * base * self.bnb_factor * drift * self.rng.gauss(1, 0.01) for _ in range(25)]
+        if self.stalls.get(problem.label()):
+            self.stalls[problem.label()] -= 1      # bnb's calls up to 2.8x slower, widely spread
+            bnb = [1.9 * base * drift * self.rng.uniform(1.0, 2.8) for _ in range(25)]
         med = sorted(tuned)[12]
         bmed = sorted(bnb)[12]
         if problem.label() in self.broken:
@@ -46,11 +52,12 @@ class FakeMeasure:
         from tuner.families import get as get_family
 
         peer = get_family(problem.family).peer_label
-        ref = BenchResult(peer, None, "reference", "", bmed, 0.1, bnb, 1500.0, 40.0, 1.0)
+        ref = BenchResult(peer, None, "reference", f"timing: {self.bnb_timing}" if self.bnb_timing else "", bmed,
+                          0.1, bnb, 1500.0, 40.0, 1.0)
         state = dict(gpu_name=GPU.name, sm_clock_mhz=1980, max_sm_clock_mhz=1980, temperature_c=50)
         return ProblemReport(problem=problem.to_dict(), bytes_moved=1, copy_gbps=4000.0, results=[ref, r],
                              gpu_before=state, gpu_after=state, seed=0, peer_label=peer,
-                             ceiling_label="device copy (ceiling)")
+                             ceiling_label="device copy (ceiling)", bnb_timing=self.bnb_timing)
 
 
 def _seeded_repo(url):
@@ -175,3 +182,61 @@ def test_the_matmul_family_is_judged_against_its_own_history_and_bnb_matmul(tmp_
     fake.slow[mm.label()] = 2.5
     result = run_regress(repo, GPU, measure=fake, env=ENV)
     assert result.verdicts[0].flag == "regression-vs-bnb"
+
+
+def test_a_stalled_reference_is_measured_again_and_otherwise_not_judged(tmp_path):
+    repo = _seeded_repo(f"sqlite:///{tmp_path / 'r.db'}")
+    fake = FakeMeasure(seed=4)
+    for _ in range(4):
+        run_regress(repo, GPU, measure=fake, env=ENV)
+    label = "8192x8192 bf16 nf4 bs64"
+
+    fake.stalls[label] = 1                       # the re-measurement is clean: judged on it
+    calls = len(fake.calls)
+    result = run_regress(repo, GPU, measure=fake, env=ENV)
+    v = {v.problem: v for v in result.verdicts}[label]
+    assert v.flag == "ok" and "judged on a re-measurement" in v.reason and len(fake.calls) == calls + 3
+    stored = {f.shape: f for f in repo.flags(result.run_id)}
+    labels = {m.id: m.label for m in repo.measurements(result.run_id)}
+    assert "re-measure: noisy reference" in labels[stored["8192x8192"].measurement_id]
+    # the history of that night pairs the judged measurement with the bnb samples measured beside it
+    from tuner.track.regression import relative_iqr
+
+    night = repo.regress_history(GPU.name, Problem((8192, 8192)), REF_BNB)[-1]
+    assert night["run_id"] == result.run_id and relative_iqr(night["bnb_us"]) < 0.05
+
+    fake.stalls[label] = 2                       # both stalled: not judged, not failing
+    result = run_regress(repo, GPU, measure=fake, env=ENV)
+    v = {v.problem: v for v in result.verdicts}[label]
+    assert v.flag == "noisy-reference" and "not judged" in v.reason
+    assert result.exit_code == 0 and [x.problem for x in result.not_judged] == [label]
+    text = format_regress(result)
+    assert "noisy-reference" in text and "relative IQR" in text and "1 not judged (noisy-reference)" in text
+    assert "clean" in text.splitlines()[-1]
+
+    fake.stalls[label] = 1                       # --no-remeasure: the stalled night stays not judged
+    result = run_regress(repo, GPU, measure=fake, env=ENV, remeasure=False)
+    assert {v.problem: v.flag for v in result.verdicts}[label] == "noisy-reference"
+    # the nights that were not judged stay out of the baseline: a quiet night is ok again
+    result = run_regress(repo, GPU, measure=fake, env=ENV)
+    assert {v.flag for v in result.verdicts} == {"ok"}
+
+
+def test_bnb_timed_from_graphs_from_tonight_on_is_a_new_baseline_not_a_drop(tmp_path):
+    repo = _seeded_repo(f"sqlite:///{tmp_path / 'r.db'}")
+    fake = FakeMeasure(seed=6)
+    for _ in range(4):                          # nights before the harness said how it timed bnb
+        assert run_regress(repo, GPU, measure=fake, env=ENV).exit_code == 0
+    fake.bnb_timing, fake.bnb_factor = "graph", 0.92    # replays: bnb 8% faster, so a lower speedup
+    result = run_regress(repo, GPU, measure=fake, env=ENV)
+    assert {v.flag for v in result.verdicts} == {"ok"} and result.exit_code == 0
+    text = format_regress(result)
+    assert "a new baseline: bnb_timing direct -> graph" in text
+    assert "changed since the baseline: bnb_timing: direct -> graph" in text
+    history = repo.regress_history(GPU.name, Problem((4096, 4096)), REF_BNB)
+    assert [h["bnb_reason"] for h in history][-2:] == ["", "timing: graph"]
+    for _ in range(3):
+        assert {v.flag for v in run_regress(repo, GPU, measure=fake, env=ENV).verdicts} == {"ok"}
+    fake.slow["4096x4096 bf16 nf4 bs64"] = 1.08         # still judged: against the graph-timed nights
+    flags = {v.problem: v.flag for v in run_regress(repo, GPU, measure=fake, env=ENV).verdicts}
+    assert flags["4096x4096 bf16 nf4 bs64"] == "regression"

@@ -102,3 +102,114 @@ def test_mann_whitney_against_known_cases():
     assert mann_whitney_greater([1, 2, 3, 4, 5], [10, 11, 12, 13, 14]) > 0.99
     p = mann_whitney_greater([1, 2, 3, 4], [1, 2, 3, 4])
     assert 0.3 < p < 0.7
+
+
+# -- noisy references ------------------------------------------------------------------------
+def _stall_night(rng, spread="uniform", **kw):
+    """A night on which a host stall hit bnb's calls: its samples up to 2.8x, widely spread; the
+    tuned kernel's samples as usual."""
+    n = _night(rng, **kw)
+    if spread == "uniform":
+        n.bnb_us = [180.0 * rng.uniform(1.0, 2.8) for _ in range(25)]
+    else:                                   # the whole measurement slow but for 2 repetitions
+        n.bnb_us = [180.0 * f * rng.gauss(1, 0.02) for f in [2.8] * 23 + [1.0] * 2]
+        rng.shuffle(n.bnb_us)
+    return n
+
+
+def test_a_stall_night_is_a_noisy_reference_not_judged_and_not_failing():
+    from tuner.vocabulary import FAILING_FLAGS, NOISY_REFERENCE
+
+    for seed in range(20):
+        rng = random.Random(seed)
+        hist = _good_history(rng, 8)
+        for spread in ("uniform", "bimodal"):
+            v = judge(hist, _stall_night(rng, spread))
+            assert v.flag == NOISY_REFERENCE, (seed, spread, v)
+            assert v.flag not in FAILING_FLAGS and "not judged" in v.reason
+            # a wide spread is caught by the spread; most repetitions slow, by the speedup's jump
+            assert ("relative IQR" if spread == "uniform" else "whole measurement") in v.reason, v.reason
+            assert v.drop is None and v.threshold is None          # no drop was computed
+        # the same stall with a slow tuned kernel is still not judged ...
+        assert judge(hist, _stall_night(rng, tuned=110.0)).flag == NOISY_REFERENCE
+        # ... but a broken gate is never hidden by it
+        assert judge(hist, _stall_night(rng, gate_ok=False)).flag == "broken"
+
+
+def test_quiet_and_merely_noisy_nights_are_never_a_noisy_reference():
+    for seed in range(20):
+        rng = random.Random(seed)
+        hist = []
+        for i in range(30):
+            noise = 0.05 if i % 7 == 3 else 0.01          # a 5%-noise night: wide, but not a stall
+            n = _night(rng, drift=rng.uniform(0.95, 1.05), noise=noise)
+            n.verdict = judge(hist, n).flag
+            assert n.verdict != "noisy-reference", (seed, i)
+            hist.append(n)
+
+
+def test_a_new_bnb_or_config_that_moves_the_speedup_is_judged():
+    """A speedup far over the baseline with another bnb (or another config) is a real change,
+    judged as usual, not a disturbed reference."""
+    rng = random.Random(9)
+    hist = _good_history(rng, 6)
+    assert judge(hist, _night(rng, bnb=400.0)).flag == "noisy-reference"
+    assert judge(hist, _night(rng, bnb=400.0, env={"driver": "580", "bnb": "0.51.0"})).flag == "ok"
+
+
+def test_the_noise_limit_follows_the_history():
+    rng = random.Random(5)
+    # a reference that is always noisy (about 11% relative IQR): 12% tonight is within 3x of that
+    hist = [_night(rng, noise=0.08) for _ in range(6)]
+    for n in hist:
+        n.verdict = "ok"
+    assert judge(hist, _night(rng, noise=0.09)).flag != "noisy-reference"
+    # without a baseline only the absolute limit applies
+    assert judge([], _stall_night(rng)).flag == "noisy-reference"
+    assert judge([], _night(rng, noise=0.05)).flag == "ok"
+
+
+def test_a_noisy_night_between_two_drops_does_not_reset_the_confirmation():
+    rng = random.Random(7)
+    hist = _good_history(rng, 10)
+    first = _night(rng, tuned=110.0)
+    first.verdict = judge(hist, first).flag
+    assert first.verdict == "suspicious"
+    stall = _stall_night(rng, tuned=110.0)
+    stall.verdict = judge(hist + [first], stall).flag
+    assert stall.verdict == "noisy-reference"
+    assert judge(hist + [first, stall], _night(rng, tuned=110.0)).flag == "regression"
+
+
+def test_flags_are_ordered_mildest_first():
+    from tuner.track.regression import NOT_JUDGED
+    from tuner.vocabulary import FAILING_FLAGS, FLAGS, NOISY_REFERENCE
+
+    assert FLAGS[0] == "ok" and NOISY_REFERENCE in FLAGS
+    assert FLAGS[-len(FAILING_FLAGS):] == FAILING_FLAGS          # failing verdicts last
+    assert set(NOT_JUDGED) <= set(FLAGS)
+    assert max(FLAGS.index(f) for f in NOT_JUDGED) < FLAGS.index("suspicious")
+
+
+def test_a_change_of_how_bnb_is_timed_starts_a_new_baseline():
+    """bnb timed from CUDA-graph replays runs faster than bnb timed by direct calls (no launch
+    gaps): against a baseline timed the old way that would read as an 8% lower speedup."""
+    rng = random.Random(11)
+    hist = _good_history(rng, 6)
+    for n in hist:
+        n.env["bnb_timing"] = "direct"
+    graphed = dict(driver="580", bnb="0.50.2", bnb_timing="graph")
+    first = _night(rng, bnb=180.0 * 0.92, env=dict(graphed))
+    assert judge(hist, _night(rng, bnb=180.0 * 0.92, env=dict(graphed, bnb_timing="direct"))).flag == "suspicious"
+    v = judge(hist, first)
+    assert v.flag == "ok" and "a new baseline: bnb_timing direct -> graph" in v.reason
+    assert v.changes == {"bnb_timing": ("direct", "graph")}
+    first.verdict = v.flag
+    hist.append(first)
+    for _ in range(3):
+        n = _night(rng, bnb=180.0 * 0.92, env=dict(graphed))
+        n.verdict = judge(hist, n).flag
+        assert n.verdict == "ok"
+        hist.append(n)
+    # judged against the nights timed the same way: a real slowdown is still caught
+    assert judge(hist, _night(rng, tuned=110.0, bnb=180.0 * 0.92, env=dict(graphed))).flag == "suspicious"

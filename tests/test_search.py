@@ -170,3 +170,89 @@ def test_the_default_worker_target_resolves_to_the_real_measurement():
 
     fn = worker._resolve(worker.DEFAULT_TARGET)
     assert fn is worker.measure_on_gpu
+
+
+def _stalling_search(url, marker, n):
+    repo = Repository(connect(url))
+    run = repo.runs()[0]
+    from fakes import StallingMeasurer
+
+    run_search(Problem((2048, 2048)), repo=repo, storage_url=url, gpu_name=GPU, run=run,
+               measurer=StallingMeasurer(marker, stall_at=5), n_trials=n, seed=4)
+
+
+def _wait_for(predicate, timeout_s, what):
+    import time
+
+    t0 = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - t0 < timeout_s, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_killed_search_loses_no_finished_trial_and_leaves_none_running(tmp_path, monkeypatch):
+    """SIGKILL a search in the middle of a trial (its heartbeat recorded), wait past the grace
+    period, resume: every COMPLETE trial is still there with its value, the killed trial is
+    FAIL, none is RUNNING, and the study reaches its trial count."""
+    import signal
+    import time
+
+    import optuna
+    from optuna.trial import TrialState
+
+    from tuner.tune.search import heartbeat_settings
+
+    monkeypatch.setenv("NF4TUNE_HEARTBEAT_S", "1")
+    monkeypatch.setenv("NF4TUNE_GRACE_S", "2")
+    assert heartbeat_settings() == (1, 2)
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    repo, run = _setup(url)
+    marker = tmp_path / "stalled"
+    name = study_name(GPU, Problem((2048, 2048)))
+    p = mp.get_context("spawn").Process(target=_stalling_search, args=(url, str(marker), 12))
+    p.start()
+    try:
+        _wait_for(marker.exists, 120, "the fifth trial")
+        storage = optuna.storages.RDBStorage(url)
+
+        def trials():
+            return optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+
+        def running():
+            return [t for t in trials() if t.state == TrialState.RUNNING]
+
+        _wait_for(lambda: len(running()) == 1, 10, "a running trial")
+        time.sleep(1.5)                                   # a heartbeat is on record
+        before = {t.number: t.value for t in trials() if t.state == TrialState.COMPLETE}
+        killed = [t.number for t in running()]
+        assert len(before) == 4 and len(killed) == 1
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(10)
+        assert p.exitcode == -signal.SIGKILL
+    finally:
+        if p.is_alive():
+            p.kill()
+    assert [t.number for t in running()] == killed        # left RUNNING by the dead worker
+    time.sleep(2.5)                                       # past the grace period
+    m = FakeMeasurer()
+    s = run_search(Problem((2048, 2048)), repo=repo, storage_url=url, gpu_name=GPU, run=run, measurer=m,
+                   n_trials=12, seed=4)
+    after = {t.number: t for t in trials()}
+    assert s.stale_failed == killed and after[killed[0]].state == TrialState.FAIL
+    assert {n: after[n].value for n in before} == before             # no finished trial lost
+    assert [t.number for t in after.values() if t.state == TrialState.RUNNING] == []
+    assert s.trials == 12 and len([t for t in after.values() if t.state.is_finished()]) == 12
+    assert s.new_trials == 12 - len(before) - 1 and m.calls              # the rest run on resume
+
+
+def test_heartbeat_settings_are_checked(monkeypatch):
+    from tuner.tune.search import GRACE_S, HEARTBEAT_S, heartbeat_settings
+
+    monkeypatch.delenv("NF4TUNE_HEARTBEAT_S", raising=False)
+    monkeypatch.delenv("NF4TUNE_GRACE_S", raising=False)
+    assert heartbeat_settings() == (HEARTBEAT_S, GRACE_S)
+    for beat, grace, message in (("0", "5", "at least 1"), ("1.5", "5", "whole number"), ("5", "5", "longer")):
+        monkeypatch.setenv("NF4TUNE_HEARTBEAT_S", beat)
+        monkeypatch.setenv("NF4TUNE_GRACE_S", grace)
+        with pytest.raises(ValueError, match=message):
+            heartbeat_settings()

@@ -167,6 +167,10 @@ class Family:
     refine_order: tuple = ()
     #: the label of the peer the family is judged against (its median is the x-bnb basis)
     peer_label: str = ""
+    #: time the peers (bnb's calls: several launches with Python between them) from a CUDA-graph
+    #: replay, so that host time between their launches cannot enter (tuner.measure.timing);
+    #: a peer callable with the attribute ``graph = False`` is timed by direct calls
+    time_peers_in_graph: bool = True
     #: the label of the ceiling measured beside it, and what its % column means
     ceiling_label: str = ""
     #: the problem knobs and where they come from: knob name -> Problem attribute

@@ -89,16 +89,48 @@ def add_problem_args(parser, shape_required: bool = False, many_dtypes: bool = F
                              "(default 1)")
 
 
+def add_model_args(parser) -> None:
+    """--model CONFIG.json (repeatable) and --tp N: the shapes of whole models."""
+    parser.add_argument("--model", action="append", default=[], metavar="CONFIG.json",
+                        help="a Hugging Face config.json (llama, mistral, qwen2, qwen3, mixtral): every distinct 4-bit "
+                             "weight shape of the model [out_features x in_features]: q, k, v, o, gate, up, down "
+                             "(Mixtral: the experts' w1, w3, w2 and the router); not lm_head, which QLoRA keeps in "
+                             "16 bits. Repeatable; combines with --shape (examples under examples/models/)")
+    parser.add_argument("--tp", type=positive_int, default=1, metavar="N",
+                        help="with --model: the shapes on one of N tensor-parallel GPUs (q, k, v, gate, up split "
+                             "their rows, o and down their columns); refused where N does not split the heads or "
+                             "the intermediate size evenly (default 1)")
+
+
+def models_from_args(args) -> list:
+    """The :class:`tuner.tune.models.ModelShapes` of every --model (UserError for a config that
+    cannot be read or split by --tp)."""
+    from ..tune.models import ModelError, model_shapes
+
+    paths = getattr(args, "model", None) or []
+    tp = getattr(args, "tp", 1)
+    if tp != 1 and not paths:
+        raise UserError(f"--tp {tp} splits the shapes of a --model CONFIG.json; give one")
+    try:
+        return [model_shapes(p, tp) for p in paths]
+    except ModelError as e:
+        raise UserError(str(e)) from None
+
+
 def problems_from_args(args, shapes=None) -> list[Problem]:
-    """Every problem the arguments name (shape x dtype x m), checked by its family."""
+    """Every problem the arguments name ((--shape and --model shapes) x dtype x m, each shape
+    once), checked by its family. ``shapes`` replaces --shape (not --model)."""
     family = get_family(args.family)
     dtypes = args.dtype if isinstance(args.dtype, list) else [args.dtype or "bf16"]
     dtypes = dtypes or ["bf16"]
     ms = args.m or ([1] if family.name != "dequant" else [None])
     if family.name == "dequant" and args.m:
         raise UserError("--m is for the matmul family (the dequant family has no batch)")
+    shapes = list(shapes if shapes is not None else args.shape)
+    for model in models_from_args(args):
+        shapes += model.shape_tuples()
     out = []
-    for shape in (shapes if shapes is not None else args.shape):
+    for shape in dict.fromkeys(tuple(s) for s in shapes):
         for d in dtypes:
             for m in ms:
                 p = Problem(tuple(shape), d, args.quant, args.blocksize, family.name, m)

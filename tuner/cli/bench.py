@@ -11,6 +11,7 @@ from ..vocabulary import InvalidConfig
 from ._common import (UserError, add_db_arg, add_problem_args, command_line, config_from_option, open_repo,
                       output_file, positive_float, positive_int, problems_from_args, progress_printer, require_gpu,
                       write_json)
+from ._common import add_model_args
 
 
 def add_parser(sub):
@@ -23,6 +24,7 @@ def add_parser(sub):
                                    "matmul: a read-only reduction), L2 flushed before every repetition. Prints a "
                                    "table per problem (us median and IQR, GB/s, % of the ceiling, x bnb).")
     add_problem_args(p)
+    add_model_args(p)
     p.add_argument("--config", action="append", default=[], metavar="JSON|@FILE",
                    help="a config as JSON or @file.json (knobs not given take the family's defaults); repeatable")
     p.add_argument("--preset", action="append", default=[], help="a preset of the family (dequant: blog, bnb-like); "
@@ -106,8 +108,9 @@ def run(args) -> int:
         return _decode(args)
     if args.runtime:
         return _runtime(args)
-    if not args.shape:
-        raise UserError("give at least one --shape (or --runtime, whose default shapes are the eight of the benchmark)")
+    if not args.shape and not args.model:
+        raise UserError("give at least one --shape or --model (or --runtime, whose default shapes are the eight of the "
+                        "benchmark)")
     if args.exhaustive:
         return _exhaustive(args)
     problems = problems_from_args(args)
@@ -193,7 +196,7 @@ def _runtime(args) -> int:
     if args.family == "matmul":
         return _matmul_runtime(args)
     _use_table(args)
-    shapes = list(args.shape) if args.shape else list(RUNTIME_SHAPES)
+    shapes = list(args.shape) if args.shape or args.model else list(RUNTIME_SHAPES)
     problems = problems_from_args(args, shapes=shapes)
     require_gpu()
     reports = []

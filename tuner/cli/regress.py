@@ -13,7 +13,7 @@ def add_parser(sub):
                                    "family) tuned for this GPU model, interleaved with bnb in the shared harness; "
                                    "store the run; judge each problem: broken (fails the gate), invalid-environment "
                                    "(clocks or temperature off), noisy-reference (bnb's spread far above its "
-                                   "history: not judged), regression-vs-bnb (slower than bnb), suspicious / "
+                                   "history, or bnb slow throughout: measured again at once, else not judged), regression-vs-bnb (slower than bnb), suspicious / "
                                    "regression (the speedup over bnb fell by more than max(5 percent, 3x the noise) "
                                    "against the recent good nights, significant by Mann-Whitney U; a first drop is "
                                    "re-measured at once and confirmed there or the next night). Lists what changed "
@@ -22,7 +22,8 @@ def add_parser(sub):
     add_db_arg(p)
     p.add_argument("--report", default=None, metavar="DIR", help="also write the HTML report to DIR")
     p.add_argument("--no-remeasure", action="store_true",
-                   help="do not re-measure a first drop at once (it is then confirmed only by the next night)")
+                   help="do not re-measure a first drop at once (it is then confirmed only by the next night), nor a "
+                        "night whose bnb measurement was disturbed")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=run)
 
@@ -42,8 +43,10 @@ def format_regress(result) -> str:
             for k, (a, b) in v.changes.items():
                 lines.append(f"    changed since the baseline: {k}: {a} -> {b}")
     failed = result.failed
+    skipped = result.not_judged
     lines.append(f"regress run {result.run_id}: {len(result.verdicts)} problem(s), "
-                 + (f"{len(failed)} failing ({', '.join(sorted({v.flag for v in failed}))})" if failed else "clean"))
+                 + (f"{len(failed)} failing ({', '.join(sorted({v.flag for v in failed}))})" if failed else "clean")
+                 + (f", {len(skipped)} not judged ({', '.join(sorted({v.flag for v in skipped}))})" if skipped else ""))
     return "\n".join(lines)
 
 

@@ -5,19 +5,40 @@ from __future__ import annotations
 import sys
 import time
 
+import argparse
+
 from ..tune.search import SAMPLERS
-from ._common import (add_db_arg, add_problem_args, command_line, fmt, open_repo, positive_float, positive_int,
-                      problems_from_args, require_gpu)
+from ._common import (CannotRun, EXIT_FAILED, UserError, add_db_arg, add_model_args, add_problem_args, command_line,
+                      fmt, models_from_args, open_repo, positive_float, positive_int, problems_from_args, require_gpu)
+
+
+def gpus_arg(text: str):
+    from ..tune.multigpu import parse_gpus
+
+    try:
+        return parse_gpus(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("--gpus ", "", 1)) from None
 
 
 def add_parser(sub):
     p = sub.add_parser("search", help="optuna search per GPU x problem, every trial stored",
-                       description="Search the space for each problem (--shape x --dtype, x --m for matmul) on the "
-                                   "visible GPU: one optuna study per (GPU model, problem) in the database, resumed "
-                                   "when the same command runs again. Every candidate passes the family's gate "
-                                   "first; compile errors, mismatches, crashes and hangs become invalid trials; a "
-                                   "trial left running by a killed search is failed on resume.")
-    add_problem_args(p, shape_required=True, many_dtypes=True)
+                       description="Search the space for each problem ((--shape and --model shapes) x --dtype, x "
+                                   "--m for matmul) on the visible GPU, or on several with --gpus: one optuna study "
+                                   "per (GPU model, problem) in the database, resumed when the same command runs "
+                                   "again. Every candidate passes the family's gate first; compile errors, "
+                                   "mismatches, crashes and hangs become invalid trials. Each measuring process "
+                                   "records a heartbeat every NF4TUNE_HEARTBEAT_S seconds (default 5); a trial left "
+                                   "running by a killed search is failed once its heartbeat is NF4TUNE_GRACE_S "
+                                   "seconds old (default 20), by the resumed search or another worker, and no "
+                                   "finished trial is lost.")
+    add_problem_args(p, many_dtypes=True)
+    add_model_args(p)
+    p.add_argument("--gpus", type=gpus_arg, default=None, metavar="all|I,J,...",
+                   help="one measuring worker per GPU (all visible ones, or these indices among them), each with "
+                        "CUDA_VISIBLE_DEVICES set to its GPU, all searching the same studies in the database "
+                        "(distinct trials; SQLite for one host, PostgreSQL across hosts); prints the wall time of "
+                        "the problem set and exits 1 if a worker fails")
     p.add_argument("--trials", type=positive_int, default=30, help="finished trials each study should hold (default 30)")
     p.add_argument("--sampler", default="tpe", choices=SAMPLERS)
     p.add_argument("--timeout", type=positive_float, default=None, help="seconds per problem at most")
@@ -56,17 +77,82 @@ def format_summaries(summaries) -> str:
     return "\n".join(lines)
 
 
-def run(args) -> int:
-    from ..tune.search import run_searches
+def _stale_lines(summaries) -> list:
+    return [f"{s.study}: failed trial(s) {', '.join(map(str, s.stale_failed))} left running by a killed search"
+            for s in summaries if s.stale_failed]
 
+
+def run(args) -> int:
+    from ..tune.search import heartbeat_settings, run_searches
+
+    try:
+        heartbeat_settings()
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if not args.shape and not args.model:
+        raise UserError("give at least one --shape or --model CONFIG.json")
     problems = problems_from_args(args)
+    if not args.quiet:
+        for model in models_from_args(args):
+            print(model.describe(), file=sys.stderr)
+    if args.gpus is not None:
+        return _run_on_gpus(args, problems)
     gpu = require_gpu()
     repo = open_repo(args.db, read_only=False)     # creates or upgrades the database before the first trial
     result = run_searches(problems, url=repo.url, gpu=gpu, n_trials=args.trials, sampler=args.sampler,
                           seed=args.seed, timeout=args.timeout, remeasure=args.remeasure, time_cap_s=args.time_cap,
                           command=command_line(),
                           progress_for=None if args.quiet else (lambda p: _progress(p.label())))
+    for line in _stale_lines(result.summaries):
+        print(line, file=sys.stderr)
     print(format_summaries(result.summaries))
     print(f"stored in {result.url} (run {result.run_id}); studies: " + ", ".join(s.study for s in result.summaries),
           file=sys.stderr)
+    print(f"searched {len(problems)} problem(s) on 1 GPU in {result.seconds:.1f} s wall", file=sys.stderr)
     return 0
+
+
+def _run_on_gpus(args, problems) -> int:
+    import os
+
+    from ..kernel.gpu import visible_gpu_count
+    from ..tune import multigpu
+    from ..tune.search import load_study, summarize_study
+
+    try:
+        devices = multigpu.devices_for(args.gpus, visible_gpu_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    except LookupError as e:
+        raise CannotRun(str(e)) from None
+    repo = open_repo(args.db, read_only=False)     # created or upgraded once, before the workers start
+
+    def progress(line):
+        if not args.quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    result = multigpu.search_on_gpus(problems, devices, url=repo.url, n_trials=args.trials, sampler=args.sampler,
+                                     seed=args.seed, timeout=args.timeout, remeasure=args.remeasure,
+                                     time_cap_s=args.time_cap, command=command_line(), progress=progress)
+    gpu_name = result.gpu_name
+    if gpu_name is not None:
+        summaries = []
+        for prob in problems:
+            parts = [p for c in result.children for p in c.result.get("problems", []) if p["problem"] == prob.label()]
+            try:
+                study = load_study(prob, storage_url=repo.url, gpu_name=gpu_name)
+            except KeyError:        # every worker failed before this problem
+                continue
+            summaries.append(summarize_study(
+                prob, repo=repo, study=study,
+                gpu_name=gpu_name, new_trials=sum(p["new_trials"] for p in parts),
+                measured=sum(p["measured"] for p in parts), seconds=result.seconds,
+                stale_failed=[n for p in parts for n in p["stale_failed"]]))
+        for line in _stale_lines(summaries):
+            print(line, file=sys.stderr)
+        print(format_summaries(summaries))
+    print(f"stored in {repo.url}; searched " + result.timing_line(), file=sys.stderr)
+    for c in result.failed:
+        print(f"nf4-tune: failed: the worker on GPU {c.gpu} (CUDA_VISIBLE_DEVICES={c.device}) exited with "
+              f"{c.returncode}; its last lines:", file=sys.stderr)
+        for line in c.tail[-8:]:
+            print(f"    {line}", file=sys.stderr)
+    return EXIT_FAILED if result.failed else 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-__all__ = ["NoGPUError", "GPUInfo", "require_gpu", "gpu_available"]
+__all__ = ["NoGPUError", "GPUInfo", "require_gpu", "gpu_available", "visible_gpu_count"]
 
 
 class NoGPUError(RuntimeError):
@@ -55,3 +55,18 @@ def gpu_available() -> bool:
         return True
     except NoGPUError:
         return False
+
+
+def visible_gpu_count() -> int:
+    """How many CUDA GPUs this process sees (CUDA_VISIBLE_DEVICES applies); 0 without a driver
+    or device. Asks the driver without making a context on any of them."""
+    try:
+        from cuda.bindings import driver
+
+        (err,) = driver.cuInit(0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return 0
+        err, count = driver.cuDeviceGetCount()
+        return int(count) if err == driver.CUresult.CUDA_SUCCESS else 0
+    except Exception:       # no cuda-python bindings or no libcuda
+        return 0

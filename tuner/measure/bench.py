@@ -18,9 +18,10 @@ from ..families import get as get_family
 from ..kernel.launch import bind, load_kernel
 from ..vocabulary import InvalidConfig, Problem, speedup
 from .gate import check_config
-from .timing import gpu_state, l2_flush_buffer, measure_interleaved
+from .timing import Graphed, gpu_state, l2_flush_buffer, measure_interleaved
 
-__all__ = ["BenchResult", "ProblemReport", "bench_problem", "sweep_configs", "format_report", "parse_knob_value"]
+__all__ = ["BenchResult", "ProblemReport", "bench_problem", "sweep_configs", "format_report", "parse_knob_value",
+           "peer_candidates"]
 
 
 @dataclass
@@ -37,6 +38,7 @@ class BenchResult:
     speedup_vs_bnb: Optional[float] = None
     registers: Optional[int] = None
     spill_stores: Optional[int] = None
+    timing: str = "direct"              # "graph" (CUDA-graph replays), "direct", or "direct (why not graph)"
 
 
 @dataclass
@@ -51,6 +53,7 @@ class ProblemReport:
     flush_mode: str = "read"
     peer_label: str = ""
     ceiling_label: str = ""
+    bnb_timing: str = ""                  # how the peer was timed: graph, direct, or direct (why not graph)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -102,6 +105,15 @@ def _gbps(nbytes: int, us: float) -> float:
     return nbytes / (us * 1e-6) / 1e9
 
 
+def peer_candidates(family, peers: dict) -> dict:
+    """The family's peers as :func:`measure_interleaved` takes them: each wrapped in
+    :class:`Graphed` (timed from a CUDA-graph replay, its ``output`` checked) where the family
+    times its peers so (:attr:`tuner.family.Family.time_peers_in_graph`) and the peer does not
+    opt out (``graph = False``)."""
+    return {label: Graphed(fn, getattr(fn, "output", None))
+            if family.time_peers_in_graph and getattr(fn, "graph", True) else fn for label, fn in peers.items()}
+
+
 def bench_problem(problem: Problem, candidates: Sequence[tuple], seed: Optional[int] = None,
                   flush_mode: str = "read", **timing) -> ProblemReport:
     """Gate and time ``candidates`` (label, config) on ``problem`` against the family's peers and
@@ -136,7 +148,7 @@ def bench_problem(problem: Problem, candidates: Sequence[tuple], seed: Optional[
 
     peers = family.peers(inputs, problem)
     ceiling_label, ceiling_fn, ceiling_bytes = family.ceiling(inputs, problem)
-    fns = dict(peers)
+    fns = peer_candidates(family, peers)
     fns[ceiling_label] = ceiling_fn
     for label, (_, _, launch) in bound.items():
         fns[label] = launch
@@ -156,17 +168,20 @@ def bench_problem(problem: Problem, candidates: Sequence[tuple], seed: Optional[
         s = samples[label]
         moved = ceiling_bytes if label == ceiling_label else nbytes
         g = _gbps(moved, s.median)
-        return BenchResult(label, config.to_dict() if config else None, status, "", s.median, s.iqr,
+        # a reference's reason says how it was timed (stored with it)
+        reason = f"timing: {s.timing}" if status == "reference" else ""
+        return BenchResult(label, config.to_dict() if config else None, status, reason, s.median, s.iqr,
                            [round(x, 3) for x in s.us], g, 100.0 * g / ceiling_gbps, speedup(peer_median, s.median),
                            kernel.compiled.registers if kernel else None,
-                           kernel.compiled.spill_stores if kernel else None)
+                           kernel.compiled.spill_stores if kernel else None, s.timing)
 
     timed = [row(label, "ok", cfg, k) for label, (cfg, k, _) in bound.items()]
     refs = [row(label, "reference") for label in list(peers) + [ceiling_label]]
     return ProblemReport(problem=problem.to_dict(), bytes_moved=nbytes, copy_gbps=ceiling_gbps,
                          results=refs + sorted(timed, key=lambda r: r.median_us) + results,
                          gpu_before=before, gpu_after=after, seed=seed, flush_mode=flush_mode,
-                         peer_label=family.peer_label, ceiling_label=ceiling_label)
+                         peer_label=family.peer_label, ceiling_label=ceiling_label,
+                         bnb_timing=samples[family.peer_label].timing)
 
 
 def format_report(rep: ProblemReport, top: Optional[int] = None) -> str:
@@ -175,6 +190,9 @@ def format_report(rep: ProblemReport, top: Optional[int] = None) -> str:
              f"{rep.copy_gbps:.0f} GB/s ({rep.gpu_before.get('gpu_name', '?')}, SM "
              f"{rep.gpu_before.get('sm_clock_mhz', '?')}->{rep.gpu_after.get('sm_clock_mhz', '?')} MHz, "
              f"{rep.gpu_after.get('temperature_c', '?')} C)"]
+    if rep.bnb_timing:
+        lines.append(f"{rep.peer_label or 'peer'} timed: " + ("from CUDA-graph replays" if rep.bnb_timing == "graph"
+                                                              else rep.bnb_timing))
     lines.append(f"{'config':<58} {'us':>9} {'IQR':>7} {'GB/s':>7} {'%ceil':>6} {'x bnb':>6} {'regs':>5}")
     shown = 0
     for r in rep.results:

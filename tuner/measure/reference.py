@@ -12,6 +12,9 @@ Where bnb's CPU path differs from its CUDA path (and so from this reference):
   Outputs at elements whose nibble is 8 have the other sign of zero; the values compare equal.
 - subnormal float32 products: CUDA flushes them to zero, the CPU keeps them. They need a
   block absmax below ~1.2e-38, which real weights never have.
+- the shape of a 1-D weight's output: ``(n,)`` on CUDA (and here); bnb 0.50's native CPU
+  kernel (even n, not blocksize >= 2048 on AVX-512) returns ``(1, n)``, which its legacy-form
+  shim transposes to ``(n, 1)`` when ``A`` is ``[1, m]``. The values are the same.
 """
 
 from __future__ import annotations
@@ -293,7 +296,8 @@ def dequantize_4bit_numpy(packed, quant_state) -> np.ndarray:
 def dequantize_4bit(A, quant_state):
     """bnb's CUDA ``dequantize_4bit(A, quant_state)``, computed on the CPU: a torch tensor of
     ``quant_state.dtype`` and ``quant_state.shape`` (transposed back, as bnb does, when ``A`` is
-    in the legacy ``[1, n]`` packed form)."""
+    in the legacy ``[1, n]`` packed form; a 1-D weight stays ``(n,)`` in either form, as on
+    CUDA, where bnb's native CPU kernel returns ``(1, n)`` for an even n)."""
     torch = _torch()
     name = _np_dtype_name(quant_state.dtype)
     values = dequantize_4bit_numpy(A, quant_state)

@@ -6,6 +6,11 @@ drift. Per night and problem, :func:`judge` returns one of:
 
 - ``broken``: the stored config no longer passes the bit-exact gate;
 - ``invalid-environment``: clocks or temperature off, so the night is not judged;
+- ``noisy-reference``: something on the host (a stall, another process) disturbed the
+  reference, so the night is not judged and does not fail: bnb's own samples tonight spread
+  far more than on the recent good nights (relative IQR over 3x their median and over 10%),
+  or bnb was slow for the whole measurement (the speedup over 1.5x the baseline's, with the
+  config and bnb's version unchanged: the tuned kernel cannot have become that much faster);
 - ``regression-vs-bnb``: the tuned kernel is slower than bnb;
 - ``suspicious``: the speedup fell by more than max(5%, 3x the measured noise) against the
   rolling baseline of recent good nights, significantly on the raw samples (one-sided
@@ -32,7 +37,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-__all__ = ["Night", "Verdict", "judge", "mann_whitney_greater", "env_changes", "MIN_DROP", "NOISE_FACTOR"]
+from ..vocabulary import NOISY_REFERENCE
+
+__all__ = ["Night", "Verdict", "judge", "mann_whitney_greater", "env_changes", "relative_iqr", "MIN_DROP",
+           "NOISE_FACTOR", "NOISY_FACTOR", "NOISY_MIN", "NOISY_JUMP", "NOT_JUDGED", "METHOD_KEYS"]
 
 MIN_DROP = 0.05          # at least a 5% drop of the speedup
 NOISE_FACTOR = 3.0       # and at least 3x the baseline's night-to-night noise
@@ -40,6 +48,22 @@ ALPHA = 0.01             # significance of the drop on the raw samples
 CONFIDENCE_Z = 3.09      # one-sided 99.9% band of the measured drop
 BASELINE_NIGHTS = 10     # rolling window of recent good nights
 MIN_BASELINE = 3
+NOISY_FACTOR = 3.0       # tonight's peer relative IQR over the good nights' median relative IQR
+NOISY_MIN = 0.10         # and over 10% absolute: a noisy reference, the night is not judged
+NOISY_JUMP = 1.5         # a speedup this far over the baseline's, nothing else changed: bnb was slowed throughout
+#: the verdicts of nights that were not judged: they neither join the baseline nor break a run
+#: of suspicious nights
+NOT_JUDGED = (NOISY_REFERENCE, "invalid-environment")
+#: environment entries that are how a night was measured, not what was measured: a night is
+#: compared only with good nights measured the same way (bnb timed from CUDA-graph replays runs
+#: faster than bnb timed by direct calls, which would read as a drop of the speedup)
+METHOD_KEYS = ("bnb_timing",)
+
+
+def _baseline(history: Sequence[Night], night: Night) -> list:
+    """The recent good nights measured the way ``night`` was (at most BASELINE_NIGHTS)."""
+    return [h for h in history if h.verdict == "ok"
+            and all(h.env.get(k) == night.env.get(k) for k in METHOD_KEYS)][-BASELINE_NIGHTS:]
 
 
 @dataclass
@@ -125,10 +149,54 @@ def _environment_off(n: Night, max_temp_c: float = 87.0, min_clock_fraction: flo
     return None
 
 
+def relative_iqr(samples: Sequence[float]) -> Optional[float]:
+    """Interquartile range over median of the finite samples (None for fewer than 4)."""
+    xs = [x for x in samples if x is not None and math.isfinite(x)]
+    if len(xs) < 4:
+        return None
+    med = statistics.median(xs)
+    if med <= 0:
+        return None
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return (q[2] - q[0]) / med
+
+
+def _noisy_reference(history: Sequence[Night], night: Night) -> Optional[str]:
+    """Why tonight's peer samples are too disturbed to judge by, or None: their spread against
+    the good nights' (or, without a baseline yet, against the absolute limit alone), then the
+    speedup's jump with nothing else changed."""
+    good = _baseline(history, night)
+    tonight = relative_iqr(night.bnb_us)
+    if tonight is not None and tonight > NOISY_MIN:
+        past = [r for r in (relative_iqr(g.bnb_us) for g in good) if r is not None]
+        if len(past) < MIN_BASELINE:
+            return (f"bnb's relative IQR tonight is {tonight:.1%}, over {NOISY_MIN:.0%} (no baseline of "
+                    f"{MIN_BASELINE} good nights to compare with yet): the reference was disturbed; not judged")
+        base = statistics.median(past)
+        if tonight > NOISY_FACTOR * base:
+            return (f"bnb's relative IQR tonight is {tonight:.1%}, {tonight / base:.1f}x its median {base:.1%} over "
+                    f"the last {len(past)} good nights (limit {NOISY_FACTOR:g}x and {NOISY_MIN:.0%}): the reference "
+                    "was disturbed (a host stall, another process); not judged")
+    if len(good) >= MIN_BASELINE:
+        same = all(night.env.get(k) == good[-1].env.get(k) for k in ("config", "bnb"))
+        base = statistics.median(g.speedup for g in good)
+        if same and night.speedup > NOISY_JUMP * base:
+            return (f"the speedup over bnb is {night.speedup:.2f}, {night.speedup / base:.1f}x the baseline's "
+                    f"{base:.2f} with the same config and bnb (limit {NOISY_JUMP:g}x): bnb was slowed for the whole "
+                    "measurement (a host stall?); not judged")
+    return None
+
+
 def _drop_verdict(history: Sequence[Night], night: Night) -> Verdict:
-    good = [h for h in history if h.verdict == "ok"][-BASELINE_NIGHTS:]
+    good = _baseline(history, night)
     if len(good) < MIN_BASELINE:
-        return Verdict("ok", speedup=night.speedup, reason=f"baseline has {len(good)} good nights, needs {MIN_BASELINE}")
+        earlier = [h for h in history if h.verdict == "ok"]
+        reason = f"baseline has {len(good)} good nights, needs {MIN_BASELINE}"
+        changed = env_changes(earlier[-1].env, night.env) if earlier else {}
+        method = {k: v for k, v in changed.items() if k in METHOD_KEYS}
+        if method:
+            reason += " (a new baseline: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in method.items()) + ")"
+        return Verdict("ok", speedup=night.speedup, reason=reason, changes=changed)
     speedups = [g.speedup for g in good]
     base = statistics.median(speedups)
     noise = statistics.pstdev(speedups) / base if len(speedups) > 1 else 0.0
@@ -158,6 +226,11 @@ def judge(history: Sequence[Night], night: Night, remeasure: Optional[Night] = N
     off = _environment_off(night)
     if off:
         return Verdict("invalid-environment", reason=off)
+    noisy = _noisy_reference(history, night)
+    if noisy:
+        good = [h for h in history if h.verdict == "ok"]
+        return Verdict(NOISY_REFERENCE, speedup=night.speedup, reason=noisy,
+                       changes=env_changes(good[-1].env, night.env) if good else {})
     if statistics.median(night.tuned_us) > statistics.median(night.bnb_us):
         v = _drop_verdict(history, night)
         v.flag = "regression-vs-bnb"
@@ -166,7 +239,8 @@ def judge(history: Sequence[Night], night: Night, remeasure: Optional[Night] = N
     v = _drop_verdict(history, night)
     if v.flag != "suspicious":
         return v
-    previous = history[-1].verdict if history else None
+    judged = [h.verdict for h in history if h.verdict not in NOT_JUDGED]
+    previous = judged[-1] if judged else None
     if previous in ("suspicious", "regression"):
         v.flag, v.reason = "regression", "the drop persists from the previous night"
         return v

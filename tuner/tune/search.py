@@ -6,8 +6,11 @@ combinations, so every sample is a valid config and the constraints cost no tria
 live in the same database as the measurements (optuna's RDB storage), named
 ``nf4-tune/<gpu>/<problem>``, so running the same command again resumes them, and several
 workers (one per GPU) can share one. Each measuring worker records a heartbeat; a trial left
-RUNNING by a killed worker is failed on resume or by another worker (optuna's
-``fail_stale_trials``), so no study keeps a RUNNING trial forever.
+RUNNING by a killed worker is failed (optuna's ``fail_stale_trials``) once its heartbeat is
+older than the grace period, by the resumed search or by another worker before each of its
+trials, so no study keeps a RUNNING trial forever and no finished trial is lost. The interval
+and the grace period are read when the storage is made: ``NF4TUNE_HEARTBEAT_S`` and
+``NF4TUNE_GRACE_S`` (whole seconds; default :data:`HEARTBEAT_S` and :data:`GRACE_S`).
 
 A trial is measured by a :class:`Measurer`. The real one runs every candidate in a worker
 process that is restarted when it dies or hangs, so an illegal memory access (which poisons
@@ -16,11 +19,12 @@ the CUDA context) or a hung kernel becomes an invalid trial and the search goes 
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ..families import get as get_family
@@ -29,13 +33,40 @@ from .trial import Measurer, TrialOutcome
 
 __all__ = ["study_name", "TrialOutcome", "Measurer", "SearchSummary", "run_search", "run_searches", "SearchRun",
            "make_sampler", "SAMPLERS", "fail_stale_trials",
-           "nearest_best", "refine_trials", "HEARTBEAT_S", "GRACE_S"]
+           "nearest_best", "refine_trials", "HEARTBEAT_S", "GRACE_S", "heartbeat_settings", "summarize_study",
+           "load_study"]
 
 SAMPLERS = ("tpe", "gp", "random", "grid")
 #: a measuring worker records a heartbeat this often; a RUNNING trial whose heartbeat is older
 #: than the grace period belongs to a dead process and is failed (on resume or by another worker)
-HEARTBEAT_S = 5.0
-GRACE_S = 20.0
+HEARTBEAT_S = 5
+GRACE_S = 20
+
+
+def _env_seconds(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if text is None or text.strip() == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not a whole number of seconds") from None
+    if value < 1:
+        raise ValueError(f"{name}={text!r} must be at least 1 second")
+    return value
+
+
+def heartbeat_settings() -> tuple[int, int]:
+    """(heartbeat interval, grace period) in whole seconds: ``NF4TUNE_HEARTBEAT_S`` and
+    ``NF4TUNE_GRACE_S`` where set, else :data:`HEARTBEAT_S` and :data:`GRACE_S`. ValueError for
+    a value that is not a positive whole number or a grace period not longer than the interval
+    (a live worker's trial would be failed)."""
+    beat = _env_seconds("NF4TUNE_HEARTBEAT_S", HEARTBEAT_S)
+    grace = _env_seconds("NF4TUNE_GRACE_S", GRACE_S)
+    if grace <= beat:
+        raise ValueError(f"the grace period (NF4TUNE_GRACE_S={grace}) must be longer than the heartbeat interval "
+                         f"(NF4TUNE_HEARTBEAT_S={beat})")
+    return beat, grace
 
 
 
@@ -76,6 +107,7 @@ class SearchSummary:
     best_result: Optional[dict]
     blog_us: Optional[float]
     seconds: float
+    stale_failed: list = field(default_factory=list)   # trials a killed search left RUNNING, failed by this one
 
 
 def _storage(url: str, attempts: int = 8):
@@ -85,10 +117,13 @@ def _storage(url: str, attempts: int = 8):
     from sqlalchemy.exc import SQLAlchemyError
 
     kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    beat, grace = heartbeat_settings()
     for i in range(attempts):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=int(HEARTBEAT_S),
-                                              grace_period=int(GRACE_S))
+            with warnings.catch_warnings():
+                _ignore_heartbeat_notes()
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=beat,
+                                                  grace_period=grace)
         except (SQLAlchemyError, RuntimeError):
             if i == attempts - 1:
                 raise
@@ -102,11 +137,13 @@ def _finished(study) -> list:
 
 
 class _Heartbeat:
-    """Records a running trial's heartbeat every HEARTBEAT_S seconds while it is measured, so that
-    a worker that dies mid-trial leaves a trial other workers (or a resume) can fail."""
+    """Records a running trial's heartbeat every ``storage.heartbeat_interval`` seconds while it
+    is measured, so that a worker that dies mid-trial leaves a trial other workers (or a resume)
+    can fail."""
 
     def __init__(self, storage, trial_id: int):
         self._storage, self._trial_id = storage, trial_id
+        self._interval = storage.heartbeat_interval or HEARTBEAT_S
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True)
 
@@ -116,7 +153,7 @@ class _Heartbeat:
                 self._storage.record_heartbeat(self._trial_id)
             except Exception:   # the storage is busy or gone: the next beat tries again
                 pass
-            if self._stop.wait(HEARTBEAT_S):
+            if self._stop.wait(self._interval):
                 return
 
     def __enter__(self):
@@ -125,17 +162,26 @@ class _Heartbeat:
 
     def __exit__(self, *exc):
         self._stop.set()
-        self._thread.join(timeout=HEARTBEAT_S + 5)
+        self._thread.join(timeout=self._interval + 5)
 
 
 def fail_stale_trials(study) -> list[int]:
-    """Mark FAIL the RUNNING trials whose worker stopped beating (killed, crashed); their numbers."""
+    """Mark FAIL the RUNNING trials whose worker stopped beating (killed, crashed) longer than the
+    grace period ago; the numbers of the trials this call failed."""
     import optuna
+    from optuna.trial import TrialState
 
-    try:
-        return list(optuna.storages.fail_stale_trials(study) or [])
-    except Exception:
+    running = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    if not running:
         return []
+    try:
+        optuna.storages.fail_stale_trials(study)
+    except Exception:       # the storage is busy: the next call tries again
+        return []
+    # a trial a live worker finished meanwhile carries its "status"; a stale one never got one
+    failed = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+              if "status" not in t.user_attrs}
+    return sorted(running & failed)
 
 
 def run_search(problem: Problem, *, repo, storage_url: str, gpu_name: str, run, measurer: Measurer,
@@ -171,7 +217,7 @@ def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials
     storage = _storage(storage_url)
     study = optuna.create_study(study_name=name, storage=storage, direction="minimize",
                                 sampler=make_sampler(sampler, seed, space), load_if_exists=True)
-    fail_stale_trials(study)
+    stale = fail_stale_trials(study)
     if not study.get_trials(deepcopy=False):
         # start from known good points: the built-in default, the presets and the best of the
         # nearest tuned problem
@@ -192,6 +238,7 @@ def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials
             break
         if sampler != "grid" and limit - done <= refine_trials(limit):
             _enqueue_refinement(study, family, problem)
+        stale += fail_stale_trials(study)   # another worker of this study may have been killed
         trial = study.ask(distributions)
         config = family.config_from_params(trial.params, problem)
         try:
@@ -208,6 +255,7 @@ def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials
                 with _Heartbeat(storage, trial._trial_id):
                     outcome = measurer.measure(problem, config)
             except KeyboardInterrupt:
+                trial.set_user_attr("status", "interrupted")
                 study.tell(trial, state=TrialState.FAIL)
                 raise
             measured += 1
@@ -241,6 +289,16 @@ def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials
             peer_seen.append(outcome.bnb_median_us)
         if progress:
             progress(len(_finished(study)), limit, best_us, statistics.median(peer_seen) if peer_seen else None)
+    return summarize_study(problem, repo=repo, study=study, gpu_name=gpu_name, new_trials=new, measured=measured,
+                           seconds=time.perf_counter() - t0, stale_failed=stale, template_hash=th)
+
+
+def summarize_study(problem: Problem, *, repo, study, gpu_name: str, new_trials: int = 0, measured: int = 0,
+                    seconds: float = 0.0, stale_failed=(), template_hash: Optional[str] = None) -> SearchSummary:
+    """The :class:`SearchSummary` of ``problem``'s study (an optuna Study) and stored
+    measurements as they stand (also for a study that several workers searched)."""
+    family = get_family(problem.family)
+    th = template_hash or family.template_hash()
     best = repo.best(gpu_name, problem)
     best_config = family.from_dict(best[0]) if best else None
     blog = None
@@ -250,13 +308,20 @@ def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials
     # trial's peer median alone varies by more than the kernels being compared)
     peer_all = repo.reference_medians(gpu_name, problem, family.peer_label)
     peer_us = statistics.median(peer_all) if peer_all else None
-    return SearchSummary(problem=problem, study=name, trials=len(_finished(study)), new_trials=new, measured=measured,
-                         best_config=best_config, best_us=best[1].median_us if best else None,
+    return SearchSummary(problem=problem, study=study.study_name, trials=len(_finished(study)), new_trials=new_trials,
+                         measured=measured, best_config=best_config, best_us=best[1].median_us if best else None,
                          best_result=dict(median_us=best[1].median_us, gbps=best[1].gbps, pct_copy=best[1].pct_copy,
                                           speedup=speedup(peer_us, best[1].median_us),
                                           speedup_same_trial=best[1].speedup) if best else None,
                          blog_us=blog.median_us if blog is not None and blog.status == "ok" else None,
-                         seconds=time.perf_counter() - t0)
+                         seconds=seconds, stale_failed=sorted(set(stale_failed)))
+
+
+def load_study(problem: Problem, *, storage_url: str, gpu_name: str):
+    """The optuna study of ``problem`` on ``gpu_name`` at ``storage_url``."""
+    import optuna
+
+    return optuna.load_study(study_name=study_name(gpu_name, problem), storage=_storage(storage_url))
 
 
 def refine_trials(n_trials: int) -> int:
@@ -314,17 +379,21 @@ class SearchRun:
     run_id: int
     url: str
     summaries: list
+    seconds: float = 0.0          # wall time of the whole problem set
 
 
 def run_searches(problems, *, url: str, gpu, n_trials: int = 30, sampler: str = "tpe", seed: Optional[int] = None,
                  timeout: Optional[float] = None, remeasure: bool = False, time_cap_s: float = 1.0,
-                 command: str = "", progress_for=None, measurer=None) -> SearchRun:
+                 command: str = "", progress_for=None, measurer=None, worker: Optional[str] = None) -> SearchRun:
     """Search every problem on ``gpu`` into the database at ``url`` under one recorded run,
-    measuring in a restartable worker process: the library call of ``nf4-tune search``.
-    ``progress_for(problem)`` gives each search's progress callback."""
+    measuring in a restartable worker process: the library call of ``nf4-tune search`` (and of
+    each GPU's worker of ``nf4-tune search --gpus``, see :mod:`tuner.tune.multigpu`).
+    ``progress_for(problem)`` gives each search's progress callback; ``worker`` names this
+    process in the trials it takes."""
     from ..measure.record import recorded_run
     from .worker import WorkerMeasurer
 
+    t0 = time.perf_counter()
     summaries = []
     own = measurer is None
     measurer = measurer or WorkerMeasurer(options=dict(time_cap_s=time_cap_s))
@@ -334,8 +403,8 @@ def run_searches(problems, *, url: str, gpu, n_trials: int = 30, sampler: str = 
                 summaries.append(run_search(prob, repo=rec.repo, storage_url=url, gpu_name=gpu.name, run=rec.run,
                                             measurer=measurer, n_trials=n_trials, sampler=sampler, seed=seed,
                                             timeout=timeout, remeasure=remeasure,
-                                            progress=progress_for(prob) if progress_for else None))
+                                            progress=progress_for(prob) if progress_for else None, worker=worker))
     finally:
         if own:
             measurer.close()
-    return SearchRun(rec.run.id, url, summaries)
+    return SearchRun(rec.run.id, url, summaries, time.perf_counter() - t0)

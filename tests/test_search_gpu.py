@@ -1,0 +1,107 @@
+"""GPU tests of the search as a user runs it: the real CLI in a subprocess, killed and resumed;
+one worker per visible GPU."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _env(**extra):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def _study(url):
+    import optuna
+
+    storage = optuna.storages.RDBStorage(url)
+    names = optuna.get_all_study_names(storage)
+    return optuna.load_study(study_name=names[0], storage=storage) if len(names) == 1 else None
+
+
+def _states(url):
+    from optuna.trial import TrialState
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        study = _study(url)
+    except (SQLAlchemyError, RuntimeError):   # the search is still making its tables
+        return {}, []
+    if study is None:
+        return {}, []
+    trials = study.get_trials(deepcopy=False)
+    return ({t.number: t.value for t in trials if t.state == TrialState.COMPLETE},
+            [t.number for t in trials if t.state == TrialState.RUNNING])
+
+
+def test_the_cli_search_killed_mid_trial_resumes_without_losing_a_trial(tmp_path):
+    url = f"sqlite:///{tmp_path / 'killed.db'}"
+    argv = [sys.executable, "-m", "tuner.cli", "search", "--shape", "1024x1024", "--trials", "12", "--db", url,
+            "--quiet", "--seed", "3"]
+    env = _env(NF4TUNE_HEARTBEAT_S="1", NF4TUNE_GRACE_S="3")
+    proc = subprocess.Popen(argv, env=env, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        t0 = time.monotonic()
+        while True:                     # a few trials done and one being measured
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() - t0 < 300, "no trial finished in 300 s"
+            if Path(url[len("sqlite:///"):]).exists():
+                done, running = _states(url)
+                if len(done) >= 3 and running:
+                    break
+            time.sleep(0.1)
+        time.sleep(1.2)                 # its heartbeat is on record
+        done, running = _states(url)
+        os.killpg(proc.pid, signal.SIGKILL)   # the search and its measuring worker, as a killed job
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert running and _states(url)[1] == running
+    time.sleep(4)                       # past the grace period
+    r = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    after, still = _states(url)
+    assert still == []
+    assert {n: after[n] for n in done} == done
+    study = _study(url)
+    assert len([t for t in study.trials if t.state.is_finished()]) >= 12
+    assert all(study.trials[n].state.name == "FAIL" for n in running)
+    assert "left running by a killed search" in r.stderr
+
+
+def test_search_on_every_visible_gpu(tmp_path):
+    """`--gpus all` with the real measuring workers: one per visible GPU, every one of them
+    takes trials of the shared study, none is left running, and the wall time is printed."""
+    from optuna.trial import TrialState
+
+    from tuner.kernel.gpu import visible_gpu_count
+    from tuner.tune.multigpu import devices_for
+
+    n = visible_gpu_count()
+    devices = devices_for("all", n, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    trials = 8 * n
+    url = f"sqlite:///{tmp_path / 'gpus.db'}"
+    r = subprocess.run([sys.executable, "-m", "tuner.cli", "search", "--shape", "1024x1024", "--trials", str(trials),
+                        "--gpus", "all", "--db", url, "--seed", "5"], env=_env(), cwd=ROOT, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    assert f"1 problem(s) on {n} GPU(s) in" in r.stderr and "1024x1024 bf16 nf4 bs64" in r.stdout
+    study = _study(url)
+    finished = [t for t in study.trials if t.state.is_finished()]
+    assert len(finished) >= trials
+    assert [t.number for t in study.trials if t.state == TrialState.RUNNING] == []
+    assert {t.user_attrs.get("worker") for t in finished} == {f"gpu{d}" for _, d in devices}
+    assert any(t.state == TrialState.COMPLETE for t in finished)
