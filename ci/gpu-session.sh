@@ -57,6 +57,16 @@ if want mmexplore; then
        | tee -a "$OUT/mmexplore.txt"
   done
 fi
+if want mmprofile; then
+  # ncu (clocks left alone) of matmul variants: speed of light, occupancy, warp states, memory
+  for cfg in "${MM_PROFILE_CONFIGS[@]:-}"; do
+    [ -z "$cfg" ] && continue
+    ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
+        --section MemoryWorkloadAnalysis --section LaunchStats -k nf4t_matmul -c 1 \
+        $py ci/profile_matmul.py ${MM_PROFILE_SHAPE:-8192 8192 1} "$cfg" 2 2>&1 | grep -v "^==PROF==" \
+        | tee -a "$OUT/mmprofile.txt"
+  done
+fi
 if want mmsearch; then
   $NF4 compile --family matmul --dtype bf16 --quant nf4 --quiet 2>&1 | tee -a "$OUT/mmsearch.txt"
   shapes=""; for s in ${MM_SHAPES:-4096x4096 1024x4096 14336x4096 4096x14336 8192x8192 28672x8192}; do shapes="$shapes --shape $s"; done

@@ -7,6 +7,7 @@ import random
 from tuner import cli
 from tuner.cli.regress import format_regress
 from tuner.families import DEQUANT
+from tuner.families.dequant import REF_BNB
 from tuner.kernel.gpu import GPUInfo
 from tuner.measure.bench import BenchResult, ProblemReport
 from tuner.track.nightly import run_regress
