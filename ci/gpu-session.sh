@@ -59,7 +59,8 @@ if want mmexplore; then
 fi
 if want mmprofile; then
   # ncu (clocks left alone) of matmul variants: speed of light, occupancy, warp states, memory
-  for cfg in "${MM_PROFILE_CONFIGS[@]:-}"; do
+  IFS='|' read -r -a cfgs <<< "${MM_PROFILE_CONFIGS:-}"     # configs as JSON, separated by |
+  for cfg in "${cfgs[@]}"; do
     [ -z "$cfg" ] && continue
     ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
         --section MemoryWorkloadAnalysis --section LaunchStats -k nf4t_matmul -c 1 \
