@@ -68,6 +68,20 @@ if want mmprofile; then
         | tee -a "$OUT/mmprofile.txt"
   done
 fi
+if want mmtable; then
+  # the serving table of the decode shapes: hand-picked candidates from the exploration, gated and
+  # timed against bnb per (shape, batch bucket), stored, exported
+  $NF4 compile --family matmul --dtype bf16 --quant nf4 --quiet 2>&1 | tee -a "$OUT/mmtable.txt"
+  shapes=""; for s in ${MM_SHAPES:-4096x4096 1024x4096 14336x4096 4096x14336 8192x8192 28672x8192}; do shapes="$shapes --shape $s"; done
+  for m in ${MM_TABLE_BUCKETS:-1 8 16}; do
+    var="MM_CANDIDATES_$m"; cands=""
+    IFS='|' read -r -a cs <<< "${!var:-}"
+    for c in "${cs[@]}"; do [ -n "$c" ] && cands="$cands --config $c"; done
+    timeout ${MM_TABLE_TIMEOUT:-150} $NF4 bench --family matmul $shapes --m $m $cands --time-cap 0.8 --top 3 \
+       --db "$OUT/matmul.db" -o "$OUT/mmtable-m$m.json" 2>&1 | tee -a "$OUT/mmtable.txt"
+  done
+  $NF4 export --db "$OUT/matmul.db" -o "$OUT/matmul-configs.json" 2>&1 | tee -a "$OUT/mmtable.txt"
+fi
 if want mmsearch; then
   $NF4 compile --family matmul --dtype bf16 --quant nf4 --quiet 2>&1 | tee -a "$OUT/mmsearch.txt"
   shapes=""; for s in ${MM_SHAPES:-4096x4096 1024x4096 14336x4096 4096x14336 8192x8192 28672x8192}; do shapes="$shapes --shape $s"; done
