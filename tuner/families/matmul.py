@@ -398,7 +398,8 @@ class MatmulFamily(Family):
 
     def compare(self, got, want, inputs: MatmulInputs, config=None) -> Optional[str]:
         """Within the variant's derived bound everywhere, and max / mean error no worse than
-        bnb's matmul_4bit beyond fp32 summation-order noise (gamma(K) * S)."""
+        bnb's matmul_4bit beyond what two correct results may differ by: fp32 summation-order
+        noise (gamma(K) * S) and one ulp of the output dtype (both are rounded to it)."""
         ref = self._reference(inputs)
         y, S = ref["y"], ref["S"]
         g = got.double()
@@ -414,10 +415,13 @@ class MatmulFamily(Family):
             return (f"{int(over.sum())} of {err.numel()} outputs exceed the derived error bound; first at {i}: "
                     f"got {float(g[tuple(i)]):.6g}, fp64 reference {float(y[tuple(i)]):.6g}, error "
                     f"{float(err[tuple(i)]):.3g} > bound {float(bound[tuple(i)]):.3g}")
-        noise = gamma(inputs.K + 16, 2.0**-24) * S
-        if float(err.max()) > ref["bnb_max"] + float(noise.max()):
+        # two results within fp32 summation-order noise of each other can still round to
+        # neighbouring values of the output dtype: allow that noise and one output ulp
+        u_out = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}[cfg.dtype]
+        allowance = gamma(inputs.K + 16, 2.0**-24) * S + 2 * u_out * y.abs()
+        if float(err.max()) > ref["bnb_max"] + float(allowance.max()):
             return f"max error {float(err.max()):.4g} is worse than bnb's {ref['bnb_max']:.4g}"
-        if float(err.mean()) > ref["bnb_mean"] + float(noise.mean()):
+        if float(err.mean()) > ref["bnb_mean"] + float(allowance.mean()):
             return f"mean error {float(err.mean()):.4g} is worse than bnb's {ref['bnb_mean']:.4g}"
         return None
 
