@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass
 from typing import Optional, Sequence
 
 from ..families.dequant import DEQUANT, REF_BNB, mismatch_report
-from ..measure.timing import gpu_state, l2_flush_buffer, measure_interleaved
+from ..measure.bench import peer_candidates
+from ..measure.timing import Graphed, gpu_state, l2_flush_buffer, measure_interleaved
 from ..vocabulary import REF_COPY, TORCH_DTYPE, Problem, speedup
 
 __all__ = ["RUNTIME_SHAPES", "RuntimeReport", "bench_runtime_problem", "host_overhead", "linear4bit_forward",
@@ -206,9 +207,11 @@ def bench_matmul_runtime(problem: Problem, seed: Optional[int] = None, **timing)
         bad = MATMUL.compare(got, ref, inputs, decision.choice.config)
         if bad:
             raise RuntimeError(f"{problem.label()}: the served kernel fails the gate: {bad}")
-    peers = MATMUL.peers(inputs, problem)
+    peers = peer_candidates(MATMUL, MATMUL.peers(inputs, problem))
     label, ceiling, ceiling_bytes = MATMUL.ceiling(inputs, problem)
-    fns = {REF_MATMUL_RUNTIME: lambda: matmul_4bit(A, Bt, qs), **peers, label: ceiling}
+    # the runtime is timed as bnb is, from CUDA-graph replays (how decode runs it): host time
+    # enters neither side
+    fns = {REF_MATMUL_RUNTIME: Graphed(lambda: matmul_4bit(A, Bt, qs)), **peers, label: ceiling}
     samples = measure_interleaved(fns, flush=l2_flush_buffer(), **timing)
     nbytes = MATMUL.traffic(problem)
     read_gbps = _gbps(ceiling_bytes, samples[label].median)
