@@ -149,12 +149,14 @@ def test_one_dimensional_weights_have_bnb_shape(seed, n, blocksize):
             assert tuple(want.shape) == cpu_shape, ctx
 
 
-def test_two_dimensional_weights_in_the_legacy_form_are_transposed_like_bnb():
+def test_two_dimensional_weights_in_the_legacy_form_are_transposed_like_bnb(seed):
     """bnb transposes the output whenever A's first dimension is 1, also for a [1, 2] weight
-    whose packed form [1, 1] is both forms at once."""
+    whose packed form [1, 1] is both forms at once. (nf4: with fp4, bnb's default, the CPU and
+    CUDA paths differ in the sign of zero at code 0b1000, tested above.)"""
+    g = torch.Generator().manual_seed(seed)
     for shape in [(1, 2), (2, 1), (1, 1), (1, 64), (3, 1)]:
-        w = torch.randn(shape)
-        A, qs = bnb_F.quantize_4bit(w, blocksize=64)
+        w = torch.randn(shape, generator=g)
+        A, qs = bnb_F.quantize_4bit(w, blocksize=64, quant_type="nf4")
         got, want = R.dequantize_4bit(A, qs), bnb_F.dequantize_4bit(A, qs)
         assert got.shape == want.shape, shape
         assert torch.equal(_bits(got.contiguous()), _bits(want.contiguous())), shape
