@@ -20,7 +20,6 @@ A :class:`Config` is a frozen, hashable value: its family's name and the value o
 from __future__ import annotations
 
 import copy
-import hashlib
 import itertools
 import json
 import math
@@ -453,11 +452,6 @@ class Family:
         from kernel_templates import template_hash
 
         return template_hash(self.template)
-
-    def fingerprint(self) -> str:
-        """A short hash of the declaration's knobs (for cache keys of derived tables)."""
-        text = json.dumps([(k.name, [repr(v) for v in k.values], k.role, k.macro) for k in self.knobs])
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     # -- problem-facing parts, declared by each family ----------------------------------
     def builtin_default(self, problem) -> Config:
