@@ -121,8 +121,13 @@ __device__ __forceinline__ float lut_select(u32 q) {
 }
 
 __shared__ float nf4t_lut[16];
-#if NF4T_LUT == 2
+#if NF4T_LUT == 2 && NF4T_MMA == 2
+__shared__ __align__(16) u32 nf4t_pairs16[256 * 32];   // [byte][lane]: operand-dtype pair, per lane
+#elif NF4T_LUT == 2
 __shared__ __align__(16) float2 nf4t_pairs[256 * 16];
+#endif
+#if NF4T_MMA == 2
+__shared__ float nf4t_code2[256];                       // the nested statistics' code
 #endif
 
 __device__ __forceinline__ float lut(u32 q) {
@@ -157,7 +162,7 @@ struct Decoder {
         const u32 byte = (w >> (j * 8)) & 0xffu;
         first = lut_select(byte >> 4);
         second = lut_select(byte & 15u);
-#else
+#elif NF4T_MMA != 2
         const float2 v = *reinterpret_cast<const float2*>(
             reinterpret_cast<const char*>(nf4t_pairs) + ((byte_at(w, j) << 7) + lane_off));
         first = v.x;
@@ -166,11 +171,29 @@ struct Decoder {
     }
 };
 
+// (first, second) rounded to the 16-bit operand dtype, the first in the low half
+__device__ __forceinline__ u32 pack_pair(float first, float second) {
+    u32 r;
+#if NF4T_ACT == 0
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(second), "f"(first));
+#elif NF4T_ACT == 1
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(second), "f"(first));
+#else
+    r = 0u;   // no 16-bit operands for fp32 activations (the MMA paths refuse fp32)
+#endif
+    return r;
+}
+
 __device__ __forceinline__ void setup_tables() {
     const float v[16] = {NF4T_V0, NF4T_V1, NF4T_V2, NF4T_V3, NF4T_V4, NF4T_V5, NF4T_V6, NF4T_V7,
                          NF4T_V8, NF4T_V9, NF4T_V10, NF4T_V11, NF4T_V12, NF4T_V13, NF4T_V14, NF4T_V15};
 #if NF4T_LUT == 0
     if (threadIdx.x < 16) nf4t_lut[threadIdx.x] = v[threadIdx.x];
+#elif NF4T_LUT == 2 && NF4T_MMA == 2
+    for (u32 i = threadIdx.x; i < 256 * 32; i += blockDim.x) {
+        const u32 e = i >> 5;
+        nf4t_pairs16[i] = pack_pair(lut_select(e >> 4), lut_select(e & 15u));
+    }
 #elif NF4T_LUT == 2
     for (u32 i = threadIdx.x; i < 256 * 16; i += blockDim.x) {
         const u32 e = i >> 4;
@@ -309,14 +332,13 @@ __device__ __forceinline__ void emit(float v, u32 m, u32 n, u32 N, const act_t* 
 }
 
 // Split-K: the last CTA of this (row tile, m tile) finishes it. Every thread of the CTA calls this.
-__device__ __forceinline__ void finish_split(u32 row_first, u32 rows, u32 m_first, u32 mrows, u32 N,
+__device__ __forceinline__ void finish_split(u32 tile, u32 row_first, u32 rows, u32 m_first, u32 mrows, u32 N,
                                              const act_t* __restrict__ bias, act_t* __restrict__ out,
                                              float* __restrict__ ws, u32* __restrict__ counters) {
     __shared__ u32 last;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        const u32 tile = blockIdx.z * gridDim.x + blockIdx.x;
         const u32 prev = atomicAdd(counters + tile, 1u);
         last = (prev == gridDim.y - 1);
         if (last) counters[tile] = 0u;
@@ -335,6 +357,22 @@ __device__ __forceinline__ void finish_split(u32 row_first, u32 rows, u32 m_firs
 }
 
 extern __shared__ __align__(16) unsigned char nf4t_dyn[];
+
+// d += a * b on the tensor cores: m16n8k16, 16-bit operands, fp32 accumulators
+__device__ __forceinline__ void mma16816(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+#if NF4T_ACT == 0
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
 
 #if NF4T_MMA == 0
 // ================================================================ SIMT
@@ -494,11 +532,11 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     }
     if (ws != nullptr) {
         const u32 rows = min(warps * NF4T_RPW, N - row_first);
-        finish_split(row_first, rows, m0, mrows, N, bias, out, ws, counters);
+        finish_split(blockIdx.z * gridDim.x + blockIdx.x, row_first, rows, m0, mrows, N, bias, out, ws, counters);
     }
 }
 
-#else
+#elif NF4T_MMA == 1
 // ================================================================ tensor cores (mma.sync)
 #define NF4T_NT (NF4T_MTILE / 8)      // n8 tiles of the batch
 #define NF4T_RT (NF4T_RPW / 16)       // m16 tiles of W rows per warp
@@ -517,20 +555,6 @@ __device__ __forceinline__ u32 wpair(const Decoder& dec, u32 w, int j, float sc)
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(second), "f"(first));
 #endif
     return r;
-}
-
-__device__ __forceinline__ void mma16816(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-#if NF4T_ACT == 0
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
 }
 
 __device__ __forceinline__ u32 word_of(const uint4& v, int j) {   // the word holding byte j
@@ -647,7 +671,295 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     }
     if (ws != nullptr) {
         const u32 rows = min(warps * NF4T_RPW, N - row_first);
-        finish_split(row_first, rows, m0, mrows, N, bias, out, ws, counters);
+        finish_split(blockIdx.z * gridDim.x + blockIdx.x, row_first, rows, m0, mrows, N, bias, out, ws, counters);
+    }
+}
+#else
+// ================================================================ tensor cores, K over the warps (NF4T_MMA 2)
+// A CTA owns NF4T_RPW rows of W (m16 tiles) and MTILE rows of A; its warps split the CTA's K
+// slice window by window (warp w takes windows w, w + WARPS, ...), so a warp's 16-row tiles are
+// few and its loads are many: every load of a group of NF4T_UNROLL windows is issued before any is
+// used (NF4T_PREFETCH 1: the next group is issued before the current one is computed). The warps'
+// sums meet in shared memory and are added in warp order (deterministic).
+//   Orientation: W rows are the mma's M (16), the batch its N (8): a batch of 1..8 wastes at most
+//   7/8 of an n8 tile, not 15/16 of an m16 one.
+//   Window: a quad of lanes (t = 0..3) covers 4 runs of 2*LOAD values; lane (g, t) holds rows g
+//   and g+8 of its run of W (one load each) and row g of the batch for the same run, so K is
+//   permuted identically on both operands and both are loaded as they lie.
+//   Decode: NF4T_LUT 2 looks each packed byte up as a pair of 16-bit operands, (code[hi],
+//   code[lo]) rounded to the operand dtype, in a 256-entry table replicated per lane (32 KiB,
+//   [byte][lane], so a warp's 32 lookups hit 32 banks): one shift, one mask and one load per two
+//   values. NF4T_LUT 0 / 1 build the pair from two code lookups and one conversion.
+//   Scale: applied once per window and block (NF4T_SCALE 1 only): the mma sums code * a over the
+//   window, one multiply by the block's scale per accumulator follows. Where a window spans
+//   several blocks (blocksize < window), one mma per block takes the B operand masked to the
+//   lanes whose run lies in that block. The weight is thus code rounded to the operand dtype
+//   times the fp32 scale (bnb's dequantize rounds code * scale instead; both are one rounding of
+//   the operand dtype away from the float32 weight).
+//   NF4T_PERSIST 1: the grid is a few CTAs per SM and a CTA loops over row tiles, so the tables
+//   are filled once per CTA, not once per tile.
+#define NF4T_NT (NF4T_MTILE / 8)
+#define NF4T_RT (NF4T_RPW / 16)
+#define NF4T_RUN (2 * NF4T_LOAD)             // values of K per lane per row per window
+#define NF4T_WIN (4 * NF4T_RUN)              // K per window
+#define NF4T_NBMAX (NF4T_WIN / 32)           // blocks a window can span (blocksize 32)
+#define NF4T_U NF4T_UNROLL
+
+// the 16-bit operand pair (values 2j, 2j+1 of the run) of byte j of word w
+__device__ __forceinline__ u32 pair16(u32 w, int j, u32 lane4) {
+#if NF4T_LUT == 2
+    const u32 off = (((w >> (8 * (j & 3))) & 0xffu) << 7) | lane4;
+    return *reinterpret_cast<const u32*>(reinterpret_cast<const char*>(nf4t_pairs16) + off);
+#elif NF4T_LUT == 0
+    const u32 hi4 = (w >> 2) & 0x3c3c3c3cu, lo4 = (w << 2) & 0x3c3c3c3cu;
+    return pack_pair(lut_at(byte_at(hi4, j & 3)), lut_at(byte_at(lo4, j & 3)));
+#else
+    const u32 byte = (w >> ((j & 3) * 8)) & 0xffu;
+    return pack_pair(lut_select(byte >> 4), lut_select(byte & 15u));
+#endif
+}
+
+__device__ __forceinline__ void ks_tables() {
+#if NF4T_LUT == 2
+    // 256 pairs, each written to its 32 lane copies with 16-byte stores
+    for (u32 i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
+        const u32 e = i >> 3;
+        const u32 p = pack_pair(lut_select(e >> 4), lut_select(e & 15u));
+        *reinterpret_cast<uint4*>(nf4t_pairs16 + e * 32 + (i & 7) * 4) = make_uint4(p, p, p, p);
+    }
+#elif NF4T_LUT == 0
+    setup_tables();
+#endif
+}
+
+struct KsGroup {                                   // the loads of one group of NF4T_U windows
+    u32 w[NF4T_U][NF4T_RT][2][NF4T_WWORDS];        // rows g, g+8 of each row tile
+    ScaleRaw raw[NF4T_U][NF4T_RT][2];
+    u32 a[NF4T_U][NF4T_NT][NF4T_LOAD];             // the batch row g of each n8 tile, 16-bit pairs
+};
+
+__device__ __forceinline__ void ks_load(KsGroup& G, const act_t* __restrict__ A, const u8* __restrict__ B,
+                                        const Scales& s, u32 row0, u32 N, u32 K, u32 k_end, u32 m0, u32 mrows,
+                                        u32 g, u32 t, u32 kw, u32 kstep) {
+#pragma unroll
+    for (int u = 0; u < NF4T_U; ++u) {
+        const u32 k = kw + u * kstep + t * NF4T_RUN;
+        const bool in_k = k < k_end;
+#pragma unroll
+        for (int rt = 0; rt < NF4T_RT; ++rt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32 n = row0 + rt * 16 + g + 8 * h;
+                if (in_k && n < N) {
+                    load_w(B + (((u64)n * K + k) >> 1), G.w[u][rt][h]);
+                    G.raw[u][rt][h] = scale_load(s, n * K + k);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < NF4T_WWORDS; ++i) G.w[u][rt][h][i] = 0u;
+                    G.raw[u][rt][h].q = 0u;
+                    G.raw[u][rt][h].a = 0.0f;
+                }
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NF4T_NT; ++nt) {
+            const u32 m = nt * 8 + g;
+#pragma unroll
+            for (int i = 0; i < NF4T_LOAD; i += 4) {
+                uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                if (in_k && m < mrows) v = *reinterpret_cast<const uint4*>(A + (u64)(m0 + m) * K + k + 2 * i);
+                G.a[u][nt][i] = v.x; G.a[u][nt][i + 1] = v.y; G.a[u][nt][i + 2] = v.z; G.a[u][nt][i + 3] = v.w;
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ float ks_scale(const Scales& s, ScaleRaw r) {
+    if (s.absmax_f != nullptr) return r.a;
+    return __fadd_rn(__fmul_rn(nf4t_code2[r.q], r.a), s.offset);
+}
+
+__device__ __forceinline__ void ks_compute(const KsGroup& G, float (&acc)[NF4T_RT][NF4T_NT][4], const Scales& s,
+                                           u32 nb, u32 sub, u32 lane, u32 lane4) {
+#pragma unroll
+    for (int u = 0; u < NF4T_U; ++u) {
+        float sc[NF4T_RT][2];
+#pragma unroll
+        for (int rt = 0; rt < NF4T_RT; ++rt) {
+            sc[rt][0] = ks_scale(s, G.raw[u][rt][0]);
+            sc[rt][1] = ks_scale(s, G.raw[u][rt][1]);
+        }
+        if (NF4T_NBMAX == 1 || nb == 1) {
+            float cp[NF4T_RT][NF4T_NT][4];
+#pragma unroll
+            for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+                for (int nt = 0; nt < NF4T_NT; ++nt)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) cp[rt][nt][i] = 0.0f;
+#pragma unroll
+            for (int st = 0; st < NF4T_LOAD / 2; ++st) {
+#pragma unroll
+                for (int rt = 0; rt < NF4T_RT; ++rt) {
+                    const u32 a0 = pair16(G.w[u][rt][0][(2 * st) >> 2], 2 * st, lane4);
+                    const u32 a1 = pair16(G.w[u][rt][1][(2 * st) >> 2], 2 * st, lane4);
+                    const u32 a2 = pair16(G.w[u][rt][0][(2 * st + 1) >> 2], 2 * st + 1, lane4);
+                    const u32 a3 = pair16(G.w[u][rt][1][(2 * st + 1) >> 2], 2 * st + 1, lane4);
+#pragma unroll
+                    for (int nt = 0; nt < NF4T_NT; ++nt)
+                        mma16816(cp[rt][nt], a0, a1, a2, a3, G.a[u][nt][2 * st], G.a[u][nt][2 * st + 1]);
+                }
+            }
+#pragma unroll
+            for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+                for (int nt = 0; nt < NF4T_NT; ++nt) {
+                    acc[rt][nt][0] = fmaf(sc[rt][0], cp[rt][nt][0], acc[rt][nt][0]);
+                    acc[rt][nt][1] = fmaf(sc[rt][0], cp[rt][nt][1], acc[rt][nt][1]);
+                    acc[rt][nt][2] = fmaf(sc[rt][1], cp[rt][nt][2], acc[rt][nt][2]);
+                    acc[rt][nt][3] = fmaf(sc[rt][1], cp[rt][nt][3], acc[rt][nt][3]);
+                }
+        } else {
+            // the window spans nb blocks: lane t's run lies in block sub; one mma per block with
+            // the batch operand kept only in the lanes of that block
+            float cp[NF4T_NBMAX][NF4T_RT][NF4T_NT][4];
+#pragma unroll
+            for (int j = 0; j < NF4T_NBMAX; ++j)
+#pragma unroll
+                for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+                    for (int nt = 0; nt < NF4T_NT; ++nt)
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) cp[j][rt][nt][i] = 0.0f;
+#pragma unroll
+            for (int st = 0; st < NF4T_LOAD / 2; ++st) {
+#pragma unroll
+                for (int rt = 0; rt < NF4T_RT; ++rt) {
+                    const u32 a0 = pair16(G.w[u][rt][0][(2 * st) >> 2], 2 * st, lane4);
+                    const u32 a1 = pair16(G.w[u][rt][1][(2 * st) >> 2], 2 * st, lane4);
+                    const u32 a2 = pair16(G.w[u][rt][0][(2 * st + 1) >> 2], 2 * st + 1, lane4);
+                    const u32 a3 = pair16(G.w[u][rt][1][(2 * st + 1) >> 2], 2 * st + 1, lane4);
+#pragma unroll
+                    for (int j = 0; j < NF4T_NBMAX; ++j) {
+                        if ((u32)j < nb) {
+                            const u32 keep = (sub == (u32)j) ? 0xffffffffu : 0u;
+#pragma unroll
+                            for (int nt = 0; nt < NF4T_NT; ++nt)
+                                mma16816(cp[j][rt][nt], a0, a1, a2, a3, G.a[u][nt][2 * st] & keep,
+                                         G.a[u][nt][2 * st + 1] & keep);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NF4T_NBMAX; ++j) {
+                if ((u32)j < nb) {
+                    const u32 src = (lane & ~3u) | ((u32)j * (4u / nb));   // a lane whose run is in block j
+#pragma unroll
+                    for (int rt = 0; rt < NF4T_RT; ++rt) {
+                        const float s0 = __shfl_sync(0xffffffffu, sc[rt][0], src);
+                        const float s1 = __shfl_sync(0xffffffffu, sc[rt][1], src);
+#pragma unroll
+                        for (int nt = 0; nt < NF4T_NT; ++nt) {
+                            acc[rt][nt][0] = fmaf(s0, cp[j][rt][nt][0], acc[rt][nt][0]);
+                            acc[rt][nt][1] = fmaf(s0, cp[j][rt][nt][1], acc[rt][nt][1]);
+                            acc[rt][nt][2] = fmaf(s1, cp[j][rt][nt][2], acc[rt][nt][2]);
+                            acc[rt][nt][3] = fmaf(s1, cp[j][rt][nt][3], acc[rt][nt][3]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+extern "C" __global__ void
+nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
+            const u8* __restrict__ absmax_q, const float* __restrict__ code2, const float* __restrict__ absmax2,
+            const float* __restrict__ absmax_f, const float* __restrict__ offset_ptr,
+            const act_t* __restrict__ bias, act_t* __restrict__ out, float* __restrict__ ws,
+            u32* __restrict__ counters, u32 M, u32 N, u32 K, u32 log2_bs, u32 log2_g, u32 kper) {
+    Scales s;
+    s.absmax_q = absmax_q; s.code2 = code2; s.absmax2 = absmax2; s.absmax_f = absmax_f;
+    s.offset = offset_ptr != nullptr ? __ldg(offset_ptr) : 0.0f;
+    s.log2_bs = log2_bs; s.log2_g = log2_g;
+
+    const u32 warps = blockDim.x >> 5;
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 g = lane >> 2, t = lane & 3, lane4 = lane << 2;
+    const u32 m0 = blockIdx.z * NF4T_MTILE;
+    const u32 mrows = min((u32)NF4T_MTILE, M - m0);
+    const u32 k_begin = blockIdx.y * kper;
+    const u32 k_end = min(K, k_begin + kper);
+    const u32 nb = ((NF4T_WIN - 1) >> log2_bs) + 1;          // blocks per window
+    const u32 sub = (t * NF4T_RUN) >> log2_bs;                 // the block of this lane's run
+    const u32 kstep = warps * NF4T_WIN;
+    const u32 gstep = NF4T_U * kstep;
+    const u32 tiles = (N + NF4T_RPW - 1) / NF4T_RPW;
+    float* red = reinterpret_cast<float*>(nf4t_dyn);          // [warps][MTILE][RPW]
+
+    KsGroup G;
+    u32 tile = blockIdx.x;
+    u32 kw = k_begin + warp * NF4T_WIN;
+#if NF4T_PREFETCH == 1
+    if (kw < k_end) ks_load(G, A, B, s, tile * NF4T_RPW, N, K, k_end, m0, mrows, g, t, kw, kstep);
+#endif
+    ks_tables();
+    if (code2 != nullptr)
+        for (u32 i = threadIdx.x; i < 256; i += blockDim.x) nf4t_code2[i] = __ldg(code2 + i);
+    __syncthreads();
+
+    for (; tile < tiles; tile += (NF4T_PERSIST ? gridDim.x : tiles)) {
+        const u32 row0 = tile * NF4T_RPW;
+        float acc[NF4T_RT][NF4T_NT][4];
+#pragma unroll
+        for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+            for (int nt = 0; nt < NF4T_NT; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
+
+        for (kw = k_begin + warp * NF4T_WIN; kw < k_end; kw += gstep) {
+#if NF4T_PREFETCH == 1
+            KsGroup Gn;
+            const bool more = kw + gstep < k_end;
+            const u32 next_tile = tile + (NF4T_PERSIST ? gridDim.x : tiles);
+            if (more) ks_load(Gn, A, B, s, row0, N, K, k_end, m0, mrows, g, t, kw + gstep, kstep);
+            else if (next_tile < tiles)
+                ks_load(Gn, A, B, s, next_tile * NF4T_RPW, N, K, k_end, m0, mrows, g, t,
+                        k_begin + warp * NF4T_WIN, kstep);
+            ks_compute(G, acc, s, nb, sub, lane, lane4);
+            G = Gn;
+#else
+            ks_load(G, A, B, s, row0, N, K, k_end, m0, mrows, g, t, kw, kstep);
+            ks_compute(G, acc, s, nb, sub, lane, lane4);
+#endif
+        }
+
+        // the warps' sums, added in warp order
+#pragma unroll
+        for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+            for (int nt = 0; nt < NF4T_NT; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const u32 nl = rt * 16 + g + (i >= 2 ? 8 : 0), ml = nt * 8 + 2 * t + (i & 1);
+                    red[(warp * NF4T_MTILE + ml) * NF4T_RPW + nl] = acc[rt][nt][i];
+                }
+        __syncthreads();
+        for (u32 idx = threadIdx.x; idx < NF4T_RPW * NF4T_MTILE; idx += blockDim.x) {
+            const u32 ml = idx / NF4T_RPW, nl = idx % NF4T_RPW, n = row0 + nl;
+            if (n < N && ml < mrows) {
+                float v = 0.0f;
+                for (u32 w = 0; w < warps; ++w) v += red[(w * NF4T_MTILE + ml) * NF4T_RPW + nl];
+                emit(v, m0 + ml, n, N, bias, out, ws);
+            }
+        }
+        if (ws != nullptr)
+            finish_split(blockIdx.z * tiles + tile, row0, min((u32)NF4T_RPW, N - row0), m0, mrows, N, bias, out, ws,
+                         counters);
+        else
+            __syncthreads();      // red is written again by the next tile
     }
 }
 #endif

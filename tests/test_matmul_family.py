@@ -37,7 +37,7 @@ def test_space_count_parametrisation_and_neighbours(m):
 
 
 def test_paths_and_constraints():
-    assert {c.mma for c in MM.iter_space(dtype=["bf16"], quant=["nf4"], m=[8])} == {"simt", "mma"}
+    assert {c.mma for c in MM.iter_space(dtype=["bf16"], quant=["nf4"], m=[8])} == {"simt", "mma", "mma-ks"}
     assert {c.mma for c in MM.iter_space(dtype=["fp32"], quant=["nf4"], m=[8])} == {"simt"}   # no fp32 MMA
     with pytest.raises(InvalidConfig, match="scales every value"):
         MM.config(mma="mma", rows_per_warp=16, mtile=8, scale="block", m=8)
@@ -45,6 +45,21 @@ def test_paths_and_constraints():
         MM.config(mtile=2, load_bytes=8, m=1)
     with pytest.raises(InvalidConfig, match="registers of A"):
         MM.config(mtile=4, load_bytes=16, m=4)
+    # the K-split tensor-core path: its own knobs, and only there
+    ks = dict(mma="mma-ks", rows_per_warp=16, mtile=8, scale="block", m=1)
+    assert MM.config(**ks, unroll=4, persist=1).unroll == 4
+    with pytest.raises(InvalidConfig, match="knobs of the K-split"):
+        MM.config(unroll=2, m=1)
+    with pytest.raises(InvalidConfig, match="knobs of the K-split"):
+        MM.config(mma="mma", rows_per_warp=16, mtile=8, scale="value", persist=1, m=8)
+    with pytest.raises(InvalidConfig, match="once per window"):
+        MM.config(**dict(ks, scale="value"))
+    with pytest.raises(InvalidConfig, match="no shared staging"):
+        MM.config(**ks, astage="shared")
+    with pytest.raises(InvalidConfig, match="registers of loads in flight"):
+        MM.config(**dict(ks, rows_per_warp=32, mtile=16, m=16), load_bytes=16, unroll=2, prefetch=1)
+    with pytest.raises(InvalidConfig, match="reduction buffer"):
+        MM.config(**dict(ks, rows_per_warp=32, mtile=16, m=16), warps=8, load_bytes=4)
 
 
 @pytest.mark.parametrize("m", M_BUCKETS)
@@ -110,6 +125,21 @@ def test_plan_geometry_and_refusals():
     mma = MM.config(mma="mma", rows_per_warp=32, mtile=16, warps=4, ksplit=2, scale="value", m=16)
     p = MatmulPlan(mma, 20, 4096, 4096, 64, 256, LIMITS, device="cpu")
     assert p.kper % 128 == 0 and p.grid == (32, 2, 2)
+    # K-split tensor cores: a CTA per 16-row tile, its warps' partial sums in shared memory;
+    # persistent: as many CTAs as fit on the SMs, no more than the tiles
+    ks = MM.config(mma="mma-ks", load_bytes=8, rows_per_warp=16, mtile=8, warps=8, ksplit=2, scale="block",
+                   lut="pair", m=8)
+    p = MatmulPlan(ks, 5, 1000, 4096, 64, 256, LIMITS, device="cpu")
+    assert p.kper == 2048 and p.grid == (63, 2, 1) and p.smem == 8 * 8 * 16 * 4
+    assert p.counters.numel() == 63
+    pers = ks.replace(persist=1, ksplit=1)
+    h200 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
+    p = MatmulPlan(pers, 5, 100000, 4096, 64, 256, h200, registers=64, device="cpu")
+    assert p.grid[0] == 132 * (65536 // (64 * 256)) and p.grid[1] == 1      # 4 CTAs of 64 registers x 256
+    p = MatmulPlan(pers, 5, 100000, 4096, 64, 256, LIMITS, registers=64, device="cpu")
+    assert p.grid[0] == 132                               # 48 KiB of shared memory per SM: one CTA each
+    p = MatmulPlan(pers, 5, 100, 4096, 64, 256, LIMITS, registers=64, device="cpu")
+    assert p.grid[0] == 7                                   # never more CTAs than row tiles
 
 
 def test_error_bound_is_derived_from_the_arithmetic():

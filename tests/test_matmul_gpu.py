@@ -37,13 +37,23 @@ CONFIGS = [
     (8, dict(mma="mma", rows_per_warp=16, mtile=8, warps=4, ksplit=1, scale="value")),
     (16, dict(mma="mma", rows_per_warp=32, mtile=16, warps=2, ksplit=4, scale="value", astage="shared")),
     (64, dict(mma="mma", rows_per_warp=64, mtile=16, warps=4, ksplit=2, scale="value", lut="register")),
+    # tensor cores, K over the warps: every load width (windows of 1, 2 and 4 blocks at blocksize 32),
+    # every LUT, prefetch, unroll, persistent CTAs, split-K over CTAs
+    (1, dict(mma="mma-ks", load_bytes=8, rows_per_warp=16, mtile=8, warps=4, ksplit=1, scale="block", lut="pair",
+             unroll=2, prefetch=1)),
+    (1, dict(mma="mma-ks", load_bytes=16, rows_per_warp=32, mtile=8, warps=2, ksplit=4, scale="block",
+             lut="shared", persist=1)),
+    (4, dict(mma="mma-ks", load_bytes=4, rows_per_warp=16, mtile=8, warps=8, ksplit=2, scale="block",
+             lut="register", unroll=4, persist=1, wload="plain")),
+    (16, dict(mma="mma-ks", load_bytes=8, rows_per_warp=16, mtile=16, warps=4, ksplit=1, scale="block", lut="pair",
+              unroll=2, prefetch=1, persist=1)),
 ]
 
 
 @pytest.mark.parametrize("m, knobs", CONFIGS, ids=[f"m{m}-{i}" for i, (m, _) in enumerate(CONFIGS)])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 def test_every_path_passes_the_gate(seed, m, knobs, dtype):
-    if knobs.get("mma") == "mma" and dtype == "fp32":
+    if knobs.get("mma", "simt") != "simt" and dtype == "fp32":
         pytest.skip("no tensor-core path for fp32")
     for quant, bs in (("nf4", 64), ("fp4", 128), ("nf4", 32)):
         prob = P(1000, 2048, m, dtype, quant, bs)

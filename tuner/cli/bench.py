@@ -30,7 +30,8 @@ def add_parser(sub):
     p.add_argument("--preset", action="append", default=[], help="a preset of the family (dequant: blog, bnb-like); "
                                                                  "repeatable")
     p.add_argument("--sweep", action="append", default=[], metavar="KNOB=V1,V2",
-                   help="sweep knobs around the first config (or the family's first preset); repeatable, cartesian")
+                   help="sweep knobs around the first config (or the family's first preset); repeatable, cartesian. "
+                        "With --exhaustive: screen only the space's configs with these knob values")
     p.add_argument("--top", type=positive_int, default=None, help="show only the N fastest configs per problem")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh each run)")
     p.add_argument("--time-cap", type=positive_float, default=3.0, help="seconds of timing per problem at most")
@@ -58,7 +59,7 @@ def add_parser(sub):
     p.add_argument("--exhaustive", action="store_true",
                    help="screen every config of the space for each --shape, then measure the fastest --finalists "
                         "(and the --compare-db best) with the full harness; not stored")
-    p.add_argument("--finalists", type=positive_int, default=12, help="with --exhaustive: configs re-measured in full")
+    p.add_argument("--finalists", type=positive_int, default=12, help="with --exhaustive: configs re-measured in full (beside any --config, measured too)")
     p.add_argument("--compare-db", default=None, metavar="URL",
                    help="with --exhaustive: also measure the best config stored here (a search's) and report its time "
                         "relative to the exhaustive best")
@@ -216,17 +217,45 @@ def _runtime(args) -> int:
     return 0
 
 
+def _space_restriction(family, sweeps) -> dict:
+    """--sweep KNOB=V1,V2 with --exhaustive: the space is restricted to those values (checked
+    against the knob before any GPU work)."""
+    from ..measure.bench import parse_knob_value
+
+    restrict = {}
+    for text in sweeps:
+        if "=" not in text:
+            raise UserError(f"--sweep {text!r} is not KNOB=V1,V2,...")
+        knob, values = (x.strip() for x in text.split("=", 1))
+        if knob not in family.knob_names:
+            raise UserError(f"--sweep: {family.name} has no knob {knob!r}; knobs: {', '.join(family.knob_names)}")
+        try:
+            restrict[knob] = [parse_knob_value(family, knob, v) for v in values.split(",")]
+        except InvalidConfig as e:
+            raise UserError(f"--sweep: {e}") from None
+    return restrict
+
+
 def _exhaustive(args) -> int:
     from ..measure.bench import format_report
     from ..tune.exhaustive import exhaustive_best
 
     problems = problems_from_args(args)
     family = get_family(args.family)
+    restrict = _space_restriction(family, args.sweep)
+    given = {p: [config_from_option(family, "--config", text, family.problem_values(p)) for text in args.config]
+             for p in problems}
+    spaces = {}
+    for prob in problems:
+        space = list(family.iter_space(**{**restrict, **{k: [v] for k, v in family.problem_values(prob).items()}}))
+        if not space:
+            raise UserError(f"--sweep {' '.join(args.sweep)}: no valid config of {prob.label()} is left")
+        spaces[prob] = space
     repo = open_repo(args.compare_db, read_only=True) if args.compare_db else None
     gpu = require_gpu()
     out = []
     for i, prob in enumerate(problems):
-        compare = []
+        compare = [("given: " + c.short(), c) for c in given[prob]]
         if repo is not None:
             best = repo.best(gpu.name, prob)
             if best is None:
@@ -234,7 +263,7 @@ def _exhaustive(args) -> int:
             c = family.from_dict(best[0])
             compare.append(("search best: " + c.short(), c))
         seed = None if args.seed is None else args.seed + 1000 * i
-        rep = exhaustive_best(prob, compare=compare, seed=seed, finalists=args.finalists, time_cap_s=args.time_cap,
+        rep = exhaustive_best(prob, spaces[prob], compare=compare, seed=seed, finalists=args.finalists, time_cap_s=args.time_cap,
                               progress=progress_printer(f"[{i + 1}/{len(problems)}] screen {prob.label()}"))
         print(f"{prob.label()}: screened {rep.screened} configs ({rep.failed} failed to load or launch) "
               f"in {rep.screen_seconds:.0f} s; finalists measured with the full harness:")

@@ -50,6 +50,16 @@ def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
         if dtype == "fp32":
             return "no tensor-core path for fp32 activations"
         return None
+    if mma == "mma-ks":
+        if rows_per_warp not in (16, 32):
+            return "the K-split tensor-core path takes 16 or 32 rows per CTA (m16 tiles)"
+        if mtile not in (8, 16):
+            return "the K-split tensor-core path tiles the batch by 8 or 16 (n8 tiles)"
+        if scale != "block":
+            return "the K-split tensor-core path scales once per window and block"
+        if dtype == "fp32":
+            return "no tensor-core path for fp32 activations"
+        return None
     if rows_per_warp > 32:
         return "the SIMT path takes at most 32 rows per warp"
     if mtile > 8:
@@ -63,6 +73,30 @@ def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
     return None
 
 
+def ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch) -> int:
+    """32-bit registers the K-split path holds for its loads in flight: per window, W (two rows of
+    each m16 tile), the raw statistics, and the batch rows' run of A; twice that when the next
+    group is prefetched."""
+    words = max(1, load_bytes // 4)
+    per_window = (rows_per_warp // 16) * (2 * words + 4) + (mtile // 8) * load_bytes
+    return (1 + prefetch) * unroll * per_window
+
+
+def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, persist, prefetch):
+    if mma != "mma-ks":
+        if unroll != 1 or persist:
+            return "unroll and persist are knobs of the K-split tensor-core path"
+        return None
+    if astage != "global":
+        return "the K-split tensor-core path reads its run of A per window (no shared staging)"
+    if warps * rows_per_warp * mtile > 2048:
+        return f"warps*rows*mtile = {warps * rows_per_warp * mtile} partial sums exceed the 8 KiB reduction buffer"
+    regs = ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch)
+    if regs > 128:
+        return f"{regs} registers of loads in flight exceed 128"
+    return None
+
+
 def _prefetch_simt(mma, prefetch):
     if mma == "mma" and prefetch:
         return "prefetch is a SIMT knob (the tensor-core path keeps its loads for the next window in flight by row tiles)"
@@ -72,7 +106,7 @@ def _prefetch_simt(mma, prefetch):
 def _tile_fits_batch(mma, mtile, m):
     if mma == "simt" and mtile > m:
         return f"mtile {mtile} exceeds the batch bucket {m}"
-    if mma == "mma" and mtile == 16 and m <= 8:
+    if mma != "simt" and mtile == 16 and m <= 8:
         return f"a 16-row batch tile wastes half the tensor core at batch {m}"
     return None
 
@@ -142,25 +176,43 @@ class MatmulPlan:
         self.config = c
         self.M, self.N, self.K = M, N, K
         self.blocksize, self.groupsize = blocksize, groupsize
-        kit = 128 if c.mma == "mma" else 64 * c.load_bytes        # K per warp iteration
+        if c.mma == "mma-ks":
+            kit = 8 * c.load_bytes                              # K per window (a quad of lanes)
+            rows_per_cta = c.rows_per_warp
+        else:
+            kit = 128 if c.mma == "mma" else 64 * c.load_bytes    # K per warp iteration
+            rows_per_cta = c.warps * c.rows_per_warp
         kper = -(-(-(-K // c.ksplit)) // kit) * kit
         self.kper = kper
         self.splits = -(-K // kper)
-        rows_per_cta = c.warps * c.rows_per_warp
-        self.grid = (-(-N // rows_per_cta), self.splits, -(-M // c.mtile))
-        self.block = threads
+        tiles = -(-N // rows_per_cta)
+        mtiles = -(-M // c.mtile)
         act_bytes = OUT_BYTES[c.dtype]
-        self.smem = c.mtile * kper * act_bytes if c.astage == "shared" else 0
-        static = 64 + (256 * 16 * 8 if c.lut == "pair" else 0)
+        if c.mma == "mma-ks":
+            self.smem = c.warps * c.mtile * c.rows_per_warp * 4     # the warps' partial sums
+            static = 64 + 1024 + (256 * 32 * 4 if c.lut == "pair" else 0)
+        else:
+            self.smem = c.mtile * kper * act_bytes if c.astage == "shared" else 0
+            static = 64 + (256 * 16 * 8 if c.lut == "pair" else 0)
         if self.smem + static > limits.smem_per_block:
             raise UnsupportedInput(f"{c.short()}: A staged in shared memory needs {self.smem} bytes beside "
                                    f"{static} of tables (> {limits.smem_per_block} per block) at K per split {kper}")
+        gx = tiles
+        if getattr(c, "persist", 0):
+            # a few CTAs per SM loop over the row tiles: as many as can be resident at once
+            resident = limits.max_threads_per_sm // threads
+            if registers:
+                resident = min(resident, limits.regs_per_sm // (registers * threads))
+            resident = min(resident, max(1, (limits.smem_per_block_optin + 1024) // (self.smem + static + 1024)))
+            gx = min(tiles, max(1, resident) * limits.sm_count)
+        self.grid = (gx, self.splits, mtiles)
+        self.block = threads
         self.ws = self.counters = None
         if self.splits > 1:
             import torch
 
             self.ws = torch.zeros(M * N, dtype=torch.float32, device=device or "cuda")
-            self.counters = torch.zeros(self.grid[0] * self.grid[2], dtype=torch.int32, device=device or "cuda")
+            self.counters = torch.zeros(tiles * mtiles, dtype=torch.int32, device=device or "cuda")
 
     def constants(self) -> dict:
         return {9: self.ws.data_ptr() if self.ws is not None else 0,
@@ -209,12 +261,14 @@ def error_bound(config, K: int, S, y_abs):
     - fp32 accumulation over K products (a product, every partial sum, the lane, warp and split
       reductions, the scale's multiply): gamma(K + 16) * S, with S = |A| @ |W|.T + |bias|; the
       tensor cores accumulate with at least fp32's precision, allowed one extra bit;
-    - the tensor-core path rounds each weight to the operand dtype first (as bnb's dequantize
-      does): u_op * S more (bf16 2^-8, fp16 2^-11);
+    - the tensor-core paths round to the operand dtype first (mma: code * scale, as bnb's
+      dequantize does; mma-ks: the code, multiplied by the fp32 scale after the mma): u_op * S
+      more (bf16 2^-8, fp16 2^-11);
     - one rounding to the output dtype: u_out * (|y| + the above)."""
     u_out = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}[config.dtype]
-    acc = gamma(K + 16, 2.0**-23 if config.mma == "mma" else 2.0**-24) * S
-    if config.mma == "mma":
+    tensor = config.mma != "simt"
+    acc = gamma(K + 16, 2.0**-23 if tensor else 2.0**-24) * S
+    if tensor:
         acc = acc + u_out * S          # operand dtype == activation dtype == output dtype
     return acc * (1 + u_out) + u_out * y_abs
 
@@ -240,8 +294,10 @@ class MatmulFamily(Family):
     kernel_name = "nf4t_matmul"
     title = "bnb's grad-free matmul_4bit (decode, M = 1..64) fused from the packed weight"
     knobs = (
-        Knob("mma", ("simt", "mma"), "source", "NF4T_MMA",
-             help="simt: fp32 FMAs on CUDA cores; mma: tensor cores (mma.sync m16n8k16, batch padded to 8/16)"),
+        Knob("mma", ("simt", "mma", "mma-ks"), "source", "NF4T_MMA",
+             help="simt: fp32 FMAs on CUDA cores; mma: tensor cores (mma.sync m16n8k16, batch padded to 8/16), "
+                  "a warp per row tile; mma-ks: tensor cores with W rows as the mma's M, the CTA's warps "
+                  "splitting K, 16-bit code pairs and one scale multiply per block"),
         Knob("load_bytes", (4, 8, 16), "source", "NF4T_LOAD", label="{}B",
              help="bytes of W one lane loads per row per step (8, 16 or 32 values)"),
         Knob("rows_per_warp", (1, 2, 4, 8, 16, 32, 64), "source", "NF4T_RPW", label="r{}",
@@ -260,7 +316,11 @@ class MatmulFamily(Family):
         Knob("wload", ("plain", "stream"), "source", "NF4T_WLOAD",
              help="plain loads of W, or streaming (ld.global.nc.L1::no_allocate)"),
         Knob("prefetch", (0, 1), "source", "NF4T_PREFETCH", label="pf{}",
-             help="SIMT: load the next k-step's W and statistics before computing the current one"),
+             help="SIMT and mma-ks: load the next step's W and statistics before computing the current one"),
+        Knob("unroll", (1, 2, 4), "source", "NF4T_UNROLL", label="u{}",
+             help="mma-ks: windows of K whose loads are all issued before the first is used"),
+        Knob("persist", (0, 1), "source", "NF4T_PERSIST", label="p{}",
+             help="mma-ks: a few CTAs per SM loop over the row tiles (tables filled once per CTA)"),
         Knob("dtype", DTYPES, "problem", "NF4T_ACT", help="activation (and output) dtype"),
         Knob("quant", QUANTS, "problem", "NF4T_QUANT", help="4-bit code: nf4 or fp4"),
         Knob("m", M_BUCKETS, "problem", label="", help="the batch bucket the config is tuned for (not in the source)"),
@@ -269,23 +329,28 @@ class MatmulFamily(Family):
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "scale", "dtype"), _path_shape),
         Constraint(("mma", "mtile", "m"), _tile_fits_batch),
         Constraint(("mma", "prefetch"), _prefetch_simt),
+        Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "warps", "astage", "unroll", "persist",
+                    "prefetch"), _ks_shape),
     )
     constraint_text = (
         "mma: load_bytes 16, rows_per_warp 16/32/64, mtile 8/16, scale value, dtype bf16/fp16",
         "simt: rows_per_warp <= 32, mtile <= 8, mtile*2*load_bytes <= 64 registers of A, "
         "rows_per_warp*load_bytes <= 128 bytes in flight, mtile*rows_per_warp <= 32 accumulators",
-        "simt: mtile <= the batch bucket m; mma: mtile 8 when m <= 8",
+        "simt: mtile <= the batch bucket m; mma, mma-ks: mtile 8 when m <= 8",
+        "mma-ks: rows_per_warp 16/32 (rows per CTA), mtile 8/16, scale block, A global, dtype bf16/fp16, "
+        "warps*rows*mtile <= 2048, loads in flight <= 128 registers; unroll and persist only here",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
-                    astage="global", scale="block", wload="stream", prefetch=0, dtype="bf16", quant="nf4", m=1)
+                    astage="global", scale="block", wload="stream", prefetch=0, unroll=1, persist=0, dtype="bf16",
+                    quant="nf4", m=1)
     presets = {
         # bnb's gemm_4bit_simt: one warp per row, 4 warps per CTA, 32 values per lane per step
         "bnb-like": dict(mma="simt", load_bytes=16, rows_per_warp=1, mtile=1, warps=4, ksplit=1, lut="shared",
                          astage="global", scale="value", wload="plain", prefetch=0),
     }
     refine_order = ("ksplit", "warps", "rows_per_warp", "prefetch", "wload", "scale", "load_bytes", "mtile", "mma",
-                    "lut", "astage")
+                    "lut", "astage", "unroll", "persist")
     peer_label = REF_BNB_MATMUL
     ceiling_label = REF_READ
     problem_knobs = {"dtype": "dtype", "quant": "quant", "m": "m"}
