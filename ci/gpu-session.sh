@@ -4,7 +4,7 @@
 #   tests        every GPU test (pytest -m gpu)
 #   bench        dequant: the six target shapes (presets and the best hand-picked config)
 #   quality      dequant: a fresh 30-trial search at 8192x8192, then the exhaustive best beside it
-#   mmexplore    matmul: the whole space screened at a few problems, finalists in full ($MM_PROBLEMS)
+#   mmexplore    matmul: the space (or $MM_SWEEP's part) screened at $MM_PROBLEMS, finalists in full
 #   mmsearch     matmul: searches of the target shapes x batch buckets ($MM_SHAPES, $MM_BUCKETS)
 #   mmbench      matmul: the served table against bnb at the target shapes and batches
 #   decode       matmul: Llama-3-8B-shaped decode, patched / bnb / bf16, under CUDA graphs
@@ -49,11 +49,16 @@ if want quality; then
      | tr '\r' '\n' | grep -v '/9240 (' | tee -a "$OUT/quality.txt"
 fi
 if want mmexplore; then
-  $NF4 compile --family matmul --dtype bf16 --quant nf4 --quiet 2>&1 | tee -a "$OUT/mmexplore.txt"
+  # $MM_SWEEP: space restrictions (KNOB=V1,V2 ...); $MM_EXPLORE_CONFIGS: configs (JSON, |-separated)
+  # measured beside the finalists; the screened sources are compiled in parallel first
+  sweeps=""; for s in ${MM_SWEEP:-}; do sweeps="$sweeps --sweep $s"; done
+  IFS='|' read -r -a ecs <<< "${MM_EXPLORE_CONFIGS:-}"; given=()
+  for c in "${ecs[@]}"; do [ -n "$c" ] && given+=(--config "$c"); done
   for pm in ${MM_PROBLEMS:-8192x8192:1 4096x4096:1 8192x8192:16}; do
     shape=${pm%%:*}; m=${pm##*:}
-    timeout ${MM_TIMEOUT:-150} $NF4 bench --exhaustive --family matmul --shape $shape --m $m --finalists 8 \
-       --time-cap 1 -o "$OUT/mmexplore-$shape-m$m.json" 2>&1 | tr '\r' '\n' | grep -v 'screen .*(' \
+    timeout ${MM_TIMEOUT:-150} $NF4 bench --exhaustive --family matmul --shape $shape --m $m \
+       --finalists ${MM_FINALISTS:-8} --time-cap ${MM_TIME_CAP:-1} $sweeps "${given[@]}" \
+       -o "$OUT/mmexplore-$shape-m$m.json" 2>&1 | tr '\r' '\n' | grep -v ' [0-9]*/[0-9]* ([0-9]*%)' \
        | tee -a "$OUT/mmexplore.txt"
   done
 fi

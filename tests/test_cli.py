@@ -104,6 +104,22 @@ def test_argument_checks(tmp_path, capsys):
     assert "is a file, not a folder" in capsys.readouterr().err
     assert cli.main(["compile", "--arch", "sm_70"]) == 2
     assert "unsupported arch" in capsys.readouterr().err
+    assert cli.main(["compile", "--arch", "sm_90", "--sweep", "bogus=1"]) == 2
+    assert "no knob 'bogus'" in capsys.readouterr().err
+    assert cli.main(["compile", "--family", "matmul", "--arch", "sm_90", "--sweep", "mma=mma-ks",
+                     "--sweep", "mtile=1"]) == 2
+    assert "no valid config is left" in capsys.readouterr().err
+
+
+def test_compile_sweep_compiles_only_the_restricted_space(tmp_path, capsys):
+    argv = ["compile", "--arch", "sm_90", "--dtype", "bf16", "--quant", "nf4", "--cache", str(tmp_path), "--quiet",
+            "--sweep", "threads=128", "--sweep", "bytes_per_thread=4", "--sweep", "unroll=4",
+            "--sweep", "lut=shared", "--sweep", "index=hoisted"]
+    assert cli.main(argv) == 0
+    n = DEQUANT.space_size(dtype=["bf16"], quant=["nf4"], threads=[128], bytes_per_thread=[4], unroll=[4],
+                           lut=["shared"], index=["hoisted"])
+    out = capsys.readouterr().out
+    assert f"{n} configurations" in out and 0 < n < 100 and "failures 0" in out
     if not gpu_available():
         assert cli.main(["compile"]) == 2
         assert "pass --arch" in capsys.readouterr().err

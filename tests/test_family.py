@@ -137,3 +137,18 @@ def test_registry():
     assert get("dequant") is D and "dequant" in FAMILIES
     with pytest.raises(ValueError, match="unknown kernel family"):
         get("gemm9")
+
+
+def test_space_restricted_by_tunable_knobs():
+    """Any knob narrows the space (what `bench --exhaustive --sweep` and `compile --sweep` use):
+    exactly the full space's configs with those values, counted the same way; an unknown knob or
+    value is refused."""
+    restrict = dict(threads=[128, 256], lut=["shared"])
+    full = [c for c in D.iter_space(**BF16) if c.threads in (128, 256) and c.lut == "shared"]
+    got = list(D.iter_space(**BF16, **restrict))
+    assert got == full and 0 < len(got) < D.space_size(**BF16)
+    assert D.space_size(**BF16, **restrict) == len(got)
+    with pytest.raises(InvalidConfig, match="no knob"):
+        list(D.iter_space(bogus=[1]))
+    with pytest.raises(InvalidConfig, match="not in"):
+        D.space_size(threads=[7])

@@ -338,13 +338,36 @@ class Family:
         cache[key] = combos
         return combos
 
+    def _tuned_restriction(self, restrict: Optional[dict]) -> dict:
+        """The tunable knobs ``restrict`` names, with their allowed values (checked)."""
+        out = {}
+        for name, given in (restrict or {}).items():
+            if name not in self.knob_names:
+                raise InvalidConfig(f"{self.name} has no knob {name!r}")
+            k = self.knob(name)
+            if k.role == "problem":
+                continue
+            given = tuple(given) if isinstance(given, (list, tuple, set)) else (given,)
+            bad = [v for v in given if v not in k.values]
+            if bad:
+                raise InvalidConfig(f"{name} {bad} not in {list(k.values)}")
+            out[name] = set(given)
+        return out
+
+    def _restricted_choices(self, group: tuple, fixed: dict, tuned: dict) -> list[tuple]:
+        combos = self._group_choices(group, fixed)
+        idx = [(i, tuned[n]) for i, n in enumerate(group) if n in tuned]
+        return [c for c in combos if all(c[i] in allowed for i, allowed in idx)] if idx else combos
+
     def iter_space(self, **restrict) -> Iterator[Config]:
-        """Every valid config; problem knobs may be restricted, e.g. ``dtype=["bf16"]``."""
+        """Every valid config; any knob may be restricted to some of its values, e.g.
+        ``dtype=["bf16"]`` or ``warps=[4, 8]``."""
         domain = self._problem_domain(restrict)
+        tuned = self._tuned_restriction(restrict)
         names = list(domain)
         for pvals in itertools.product(*domain.values()):
             fixed = dict(zip(names, pvals))
-            per_group = [self._group_choices(g, fixed) for g in self.groups]
+            per_group = [self._restricted_choices(g, fixed, tuned) for g in self.groups]
             for combos in itertools.product(*per_group):
                 values = dict(fixed)
                 for g, combo in zip(self.groups, combos):
@@ -354,10 +377,11 @@ class Family:
     def space_size(self, **restrict) -> int:
         """How many valid configs there are, counted per constraint group (not walked)."""
         domain = self._problem_domain(restrict)
+        tuned = self._tuned_restriction(restrict)
         total = 0
         for pvals in itertools.product(*domain.values()):
             fixed = dict(zip(domain, pvals))
-            total += math.prod(len(self._group_choices(g, fixed)) for g in self.groups)
+            total += math.prod(len(self._restricted_choices(g, fixed, tuned)) for g in self.groups)
         return total
 
     def distinct_sources(self, configs) -> dict:

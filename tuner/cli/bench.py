@@ -236,6 +236,16 @@ def _space_restriction(family, sweeps) -> dict:
     return restrict
 
 
+def _precompile(configs, arch) -> None:
+    """Compile the screened configs in parallel processes through the on-disk cache first: the
+    screen then only loads modules (a failing source stays a failing config in the screen)."""
+    from ..kernel import compiler
+
+    s = compiler.compile_many(list(dict.fromkeys(configs)), arch, progress=progress_printer(f"compile {arch}"))
+    print(f"compiled {s.sources} distinct sources ({s.cache_hits} from cache, {len(s.failures)} failed) "
+          f"in {s.seconds:.0f} s", flush=True)
+
+
 def _exhaustive(args) -> int:
     from ..measure.bench import format_report
     from ..tune.exhaustive import exhaustive_best
@@ -253,6 +263,7 @@ def _exhaustive(args) -> int:
         spaces[prob] = space
     repo = open_repo(args.compare_db, read_only=True) if args.compare_db else None
     gpu = require_gpu()
+    _precompile([c for prob in problems for c in spaces[prob] + given[prob]], gpu.arch)
     out = []
     for i, prob in enumerate(problems):
         compare = [("given: " + c.short(), c) for c in given[prob]]

@@ -19,6 +19,9 @@ def add_parser(sub):
     p.add_argument("--arch", default=None, help="target arch, e.g. sm_90, sm_100, sm_120 (default: the visible GPU's)")
     p.add_argument("--dtype", action="append")
     p.add_argument("--quant", action="append")
+    p.add_argument("--sweep", action="append", default=[], metavar="KNOB=V1,V2",
+                   help="compile only the space's configs with these knob values (e.g. matmul: m=1,16 or "
+                        "mma=mma-ks); repeatable")
     p.add_argument("--workers", type=positive_int, default=None, help="parallel compile processes, at least 1 "
                                                                          "(default: the CPU count)")
     p.add_argument("--cache", default=None, metavar="DIR",
@@ -64,11 +67,16 @@ def run(args) -> int:
     family = get_family(args.family)
     arch = _arch(args)
     cache = _cache(args.cache)
+    from .bench import _space_restriction
+
     restrict = {k: v for k, v in (("dtype", args.dtype), ("quant", args.quant)) if v}
+    restrict.update(_space_restriction(family, args.sweep))
     try:
         configs = list(family.iter_space(**restrict))
     except ValueError as e:
         raise UserError(str(e)) from None
+    if not configs:
+        raise UserError("no valid config is left in the space with " + " ".join(f"--sweep {s}" for s in args.sweep))
     summary = compiler.compile_many(configs, arch, workers=args.workers, cache_dir=cache,
                                     progress=None if args.quiet else progress_printer(f"compile {family.name} {arch}"))
     if args.json:
