@@ -10,6 +10,11 @@
 #   decode       matmul: Llama-3-8B-shaped decode, patched / bnb / bf16, under CUDA graphs
 #   nightly      the nightly job on a copy of the search database (quiet nights, then a planted slow config)
 #   multigpu     a whole-model search on GPU 0 alone, then on every visible GPU (--gpus all)
+#   model        a Llama-3-8B whole-model search (bf16), timed from a cold compile cache
+#   bnbnights    10 nightly runs of a 4096x4096 study, then bnb's medians and IQRs across them
+#   fp32         searches of the six target shapes in fp32 output, exported
+#   blocksizes   searches at blocksizes 128 and 256 (4096x14336, 8192x8192: the served table; two
+#                hidden shapes: the yardstick), then the fallback's distance from the yardstick
 set -uo pipefail
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/.devsite:$PWD PYTHONUNBUFFERED=1
@@ -112,6 +117,33 @@ if want nightly; then
   done
   $py ci/plant_slow_config.py --db "$OUT/nightly.db" --shape 8192x8192 --dtype bf16 2>&1 | tee -a "$OUT/nightly.txt"
   bash ci/nightly.sh "$OUT/nightly.db" 2>&1 | tee -a "$OUT/nightly.txt"; echo "planted night exit ${PIPESTATUS[0]}" | tee -a "$OUT/nightly.txt"
+fi
+if want model; then
+  /usr/bin/time -f "model search (cold compile cache): %e s wall" env NF4TUNE_CACHE=/tmp/nf4tune-cold-$$ \
+     $NF4 search --model examples/models/llama-3-8b.json --trials ${TRIALS:-30} --quiet --db "$OUT/model.db" 2>&1 \
+     | tee -a "$OUT/model.txt"
+fi
+if want bnbnights; then
+  $NF4 search --shape 4096x4096 --trials 8 --quiet --db "$OUT/nights.db" >/dev/null 2>&1
+  for night in $(seq 1 ${NIGHTS:-10}); do
+    $NF4 regress --db "$OUT/nights.db" --quiet 2>&1 | tail -1 | tee -a "$OUT/bnbnights.txt"
+  done
+  $py ci/bnb_nights.py "$OUT/nights.db" --shape 4096x4096 --last ${NIGHTS:-10} 2>&1 | tee -a "$OUT/bnbnights.txt"
+fi
+if want fp32; then
+  /usr/bin/time -f "fp32 searches: %e s wall" $NF4 search --dtype fp32 $SIX --trials ${TRIALS:-30} --quiet \
+     --db "$OUT/fp32.db" 2>&1 | tee -a "$OUT/fp32.txt"
+  $NF4 export --db "$OUT/fp32.db" -o "$OUT/fp32-configs.json" 2>&1 | tee -a "$OUT/fp32.txt"
+fi
+if want blocksizes; then
+  for bs in 128 256; do
+    $NF4 search --blocksize $bs --shape 4096x14336 --shape 8192x8192 --trials ${TRIALS:-30} --quiet \
+       --db "$OUT/bs.db" 2>&1 | tee -a "$OUT/blocksizes.txt"
+    $NF4 search --blocksize $bs --shape 3584x18944 --shape 5120x13824 --trials ${TRIALS:-30} --quiet \
+       --db "$OUT/hidden.db" 2>&1 | tee -a "$OUT/blocksizes.txt"
+    $NF4 bench --blocksize $bs --shape 3584x18944 --shape 5120x13824 --table "$OUT/bs.db" \
+       --fallback-vs "$OUT/hidden.db" -o "$OUT/fallback-bs$bs.json" 2>&1 | tee -a "$OUT/blocksizes.txt"
+  done
 fi
 if want multigpu; then
   # wall time of one problem set (Llama-3-8B's four shapes) on GPU 0 alone and on every visible GPU,

@@ -48,8 +48,8 @@ def add_parser(sub):
                         "batch 4096 patched against unpatched; not stored")
     p.add_argument("--no-linear", action="store_true", help="with --runtime: skip the Linear4bit forward")
     p.add_argument("--table", default=None, metavar="FILE|URL",
-                   help="with --runtime / --decode: serve from this configs.json or database (default: the runtime's "
-                        "own order: $NF4TUNE_CONFIGS, $NF4TUNE_DB, the packaged table)")
+                   help="with --runtime / --decode / --fallback-vs: serve from this configs.json or database "
+                        "(default: the runtime's own order: $NF4TUNE_CONFIGS, $NF4TUNE_DB, the packaged table)")
     p.add_argument("--decode", action="store_true",
                    help="matmul family: tokens/s of a Llama-3-8B-shaped model (random weights) decoding with a static "
                         "KV cache under CUDA graphs, in bf16, with bnb's 4-bit kernels and patched; not stored")
@@ -63,6 +63,10 @@ def add_parser(sub):
     p.add_argument("--compare-db", default=None, metavar="URL",
                    help="with --exhaustive: also measure the best config stored here (a search's) and report its time "
                         "relative to the exhaustive best")
+    p.add_argument("--fallback-vs", default=None, metavar="URL",
+                   help="for each problem, time the config the serving table (--table) gives it (exact, nearest tuned "
+                        "problem, or built-in default) against the best config tuned on that very problem stored at "
+                        "URL, side by side in one run, and print served/tuned; not stored")
     p.set_defaults(func=run)
 
 
@@ -102,8 +106,8 @@ def candidates_from_args(args, family, problem_values: dict, problem=None) -> li
 
 
 def run(args) -> int:
-    if sum(map(bool, (args.runtime, args.exhaustive, args.decode))) > 1:
-        raise UserError("--runtime, --exhaustive and --decode are separate modes: give one")
+    if sum(map(bool, (args.runtime, args.exhaustive, args.decode, args.fallback_vs))) > 1:
+        raise UserError("--runtime, --exhaustive, --decode and --fallback-vs are separate modes: give one")
     output_file(args.output)
     if args.decode:
         return _decode(args)
@@ -114,6 +118,8 @@ def run(args) -> int:
                         "benchmark)")
     if args.exhaustive:
         return _exhaustive(args)
+    if args.fallback_vs:
+        return _fallback(args)
     problems = problems_from_args(args)
     family = get_family(args.family)
     candidates = {p: candidates_from_args(args, family, family.problem_values(p), p) for p in problems}
@@ -234,6 +240,31 @@ def _space_restriction(family, sweeps) -> dict:
         except InvalidConfig as e:
             raise UserError(f"--sweep: {e}") from None
     return restrict
+
+
+def _fallback(args) -> int:
+    from ..serve.fallback import fallback_distance, format_fallback
+    from ..serve.table import current_table
+
+    problems = problems_from_args(args)
+    _use_table(args)
+    table = current_table()
+    repo = open_repo(args.fallback_vs, read_only=True)
+    gpu = require_gpu()
+
+    def progress(i, n, prob):
+        print(f"[{i + 1}/{n}] {prob.label()}: served against tuned", file=sys.stderr, flush=True)
+
+    try:
+        reports = fallback_distance(problems, table, repo, gpu.name, seed=args.seed, progress=progress,
+                                    time_cap_s=args.time_cap, flush_mode=args.flush)
+    except ValueError as e:
+        raise UserError(f"--fallback-vs: {e}") from None
+    print(f"serving table: {table.origin}")
+    print(format_fallback(reports), flush=True)
+    if args.output:
+        write_json(args.output, [r.to_dict() for r in reports])
+    return 0
 
 
 def _precompile(configs, arch) -> None:
