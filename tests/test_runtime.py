@@ -66,6 +66,13 @@ def test_packaged_table_loads_and_covers_the_h200():
     t = runtime.ConfigTable.from_file(T.PACKAGED_TABLE)
     assert any(e.gpu == GPU for e in t.entries)
     assert t.choose(GPU, P((4096, 4096))).source == "exact"
+    # fp32 output is searched at the six target shapes, blocksizes 128 and 256 at two of them
+    for shape in ((4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192), (8192, 28672), (16384, 16384)):
+        assert t.choose(GPU, P(shape, "fp32")).source == "exact", shape
+    for bs in (128, 256):
+        for shape in ((4096, 14336), (8192, 8192)):
+            assert t.choose(GPU, Problem(shape, "bf16", "nf4", bs)).source == "exact", (shape, bs)
+        assert t.choose(GPU, Problem((5120, 13824), "bf16", "nf4", bs)).tuned_for == f"8192x8192 bf16 nf4 bs{bs}"
     # an untuned arch (a B200, an RTX 5090) is served the built-in default, never an error
     assert t.choose("NVIDIA B200", P((4096, 4096))).source == "default"
 
