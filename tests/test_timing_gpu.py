@@ -28,9 +28,16 @@ def test_graph_replay_of_bnb_gives_its_output_and_its_time(seed):
     replay()
     torch.cuda.synchronize()
     assert mismatch_report(full.output, want) is None
-    samples = measure_interleaved({"graph": Graphed(full, full.output), "direct": full}, min_reps=40, time_cap_s=4.0)
-    g, d = samples["graph"], samples["direct"]
+    # direct launches are what host stalls disturb (seen on the H200: 35-128 us for a 28 us call);
+    # the comparison needs one undisturbed direct measurement, so up to three are taken
+    for _ in range(3):
+        samples = measure_interleaved({"graph": Graphed(full, full.output), "direct": full}, min_reps=40,
+                                      time_cap_s=4.0)
+        g, d = samples["graph"], samples["direct"]
+        if d.rel_iqr <= 0.1:
+            break
     assert g.mode == "graph" and g.note == "" and d.mode == "direct"
+    assert d.rel_iqr <= 0.1, f"direct timing disturbed in three measurements: {d}"
     # replays remove only the gaps between bnb's launches: the same time within the noise, never
     # more, and not so much less that something was left out of the graph
     noise = max(3 * max(g.rel_iqr, d.rel_iqr), 0.05)
