@@ -86,7 +86,7 @@ def test_plain_absmax(seed):
     B, qs = F.quantize_4bit(w, blocksize=64, compress_statistics=False, quant_type="nf4")
     plain = replace(inputs, B=B, qs=qs, ref={})
     want = MM.expected(plain)
-    for knobs in (CONFIGS[3][1], dict(CONFIGS[6][1], mtile=8)):
+    for knobs in (CONFIGS[3][1], dict(CONFIGS[6][1], mtile=8), CONFIGS[9][1], CONFIGS[10][1]):
         c = MM.config(**knobs, m=8 if knobs.get("mma") == "mma" else 2)
         out = MM.new_output(plain)
         bind(load_kernel(c), plain, out)()

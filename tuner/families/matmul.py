@@ -377,9 +377,14 @@ class MatmulFamily(Family):
     def builtin_default(self, problem: Problem):
         m = problem.m or 1
         pv = self.problem_values(problem)
-        if m >= 8 and problem.dtype != "fp32":
-            return self.config(mma="mma", load_bytes=16, rows_per_warp=16, mtile=16 if m >= 16 else 8, warps=4,
-                               ksplit=2, scale="value", **pv)
+        # bf16 / fp16: tensor cores with K over the warps, the H200 exploration's winners at
+        # 8192x8192 (examples/h200/matmul/explore-ks.txt): batch tile 8 up to m = 8, 16 above
+        if problem.dtype != "fp32":
+            ks = dict(mma="mma-ks", load_bytes=8, rows_per_warp=32, lut="pair", scale="block", wload="stream",
+                      unroll=2, ksplit=1, **pv)
+            if m <= 8:
+                return self.config(mtile=8, warps=8, **ks)
+            return self.config(mtile=16, warps=4, prefetch=1, persist=1, **ks)
         if m >= 8:
             return self.config(load_bytes=4, rows_per_warp=4, mtile=8, warps=4, ksplit=2, **pv)
         if m == 4:
