@@ -4,6 +4,8 @@
 #   tests        every GPU test (pytest -m gpu)
 #   bench        dequant: the six target shapes (presets and the best hand-picked config)
 #   quality      dequant: a fresh 30-trial search at 8192x8192, then the exhaustive best beside it
+#   readfloor    matmul: a read-only reduction of exactly each target's bytes (the small-size floor)
+#   mmtests      matmul: the family's GPU tests only
 #   mmexplore    matmul: the space (or $MM_SWEEP's part) screened at $MM_PROBLEMS, finalists in full
 #   mmsearch     matmul: searches of the target shapes x batch buckets ($MM_SHAPES, $MM_BUCKETS)
 #   mmbench      matmul: the served table against bnb at the target shapes and batches
@@ -66,6 +68,14 @@ if want mmexplore; then
        -o "$OUT/mmexplore-$shape-m$m.json" 2>&1 | tr '\r' '\n' | grep -v ' [0-9]*/[0-9]* ([0-9]*%)' \
        | tee -a "$OUT/mmexplore.txt"
   done
+fi
+if want readfloor; then
+  # what a pure read of each target's bytes costs (the floor a decode-sized matmul cannot beat)
+  $py ci/read_floor.py 2>&1 | tee "$OUT/readfloor.txt"
+fi
+if want mmtests; then
+  # the matmul family's GPU tests only
+  $py -m pytest -q -m gpu -p no:cacheprovider tests/test_matmul_gpu.py 2>&1 | tee "$OUT/mmtests.txt"
 fi
 if want mmprofile; then
   # ncu (clocks left alone) of matmul variants: speed of light, occupancy, warp states, memory

@@ -47,6 +47,11 @@
 //                1: software pipelined: the next k-iteration's W and statistics are loaded before
 //                the current one is computed, so a warp always has loads in flight (twice the
 //                registers for W).
+//   NF4T_UNROLL  mma-ks: windows of K per group (all loads of a group issued before the first is used).
+//   NF4T_PERSIST mma-ks: 1 a few CTAs per SM loop over the row tiles.
+//   NF4T_STAGES  mma-ks: 0 W goes global -> registers (NF4T_PREFETCH decides how far ahead); N > 0:
+//                W goes global -> shared memory by cp.async, in a per-warp ring N groups deep, so the
+//                bytes in flight per SM are bound by shared memory (228 KiB) instead of registers.
 //   NF4T_ACT     0 bf16, 1 fp16, 2 fp32 activations (and output, bias)
 //   NF4T_QUANT   0 nf4, 1 fp4
 // Launch knobs (not macros): threads per CTA (WARPS x 32, read as blockDim.x) and the split-K
@@ -738,6 +743,26 @@ struct KsGroup {                                   // the loads of one group of 
     u32 a[NF4T_U][NF4T_NT][NF4T_LOAD];             // the batch row g of each n8 tile, 16-bit pairs
 };
 
+// the batch rows' runs of A for a group (16-bit pairs; rows past the batch and K past the slice are 0)
+__device__ __forceinline__ void ks_load_a(u32 (&a)[NF4T_U][NF4T_NT][NF4T_LOAD], const act_t* __restrict__ A,
+                                          u32 K, u32 k_end, u32 m0, u32 mrows, u32 g, u32 t, u32 kw, u32 kstep) {
+#pragma unroll
+    for (int u = 0; u < NF4T_U; ++u) {
+        const u32 k = kw + u * kstep + t * NF4T_RUN;
+        const bool in_k = k < k_end;
+#pragma unroll
+        for (int nt = 0; nt < NF4T_NT; ++nt) {
+            const u32 m = nt * 8 + g;
+#pragma unroll
+            for (int i = 0; i < NF4T_LOAD; i += 4) {
+                uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                if (in_k && m < mrows) v = *reinterpret_cast<const uint4*>(A + (u64)(m0 + m) * K + k + 2 * i);
+                a[u][nt][i] = v.x; a[u][nt][i + 1] = v.y; a[u][nt][i + 2] = v.z; a[u][nt][i + 3] = v.w;
+            }
+        }
+    }
+}
+
 __device__ __forceinline__ void ks_load(KsGroup& G, const act_t* __restrict__ A, const u8* __restrict__ B,
                                         const Scales& s, u32 row0, u32 N, u32 K, u32 k_end, u32 m0, u32 mrows,
                                         u32 g, u32 t, u32 kw, u32 kstep) {
@@ -761,18 +786,94 @@ __device__ __forceinline__ void ks_load(KsGroup& G, const act_t* __restrict__ A,
                 }
             }
         }
+    }
+    ks_load_a(G.a, A, K, k_end, m0, mrows, g, t, kw, kstep);
+}
+
+#if NF4T_STAGES > 0
+// ---- the shared-memory ring (NF4T_STAGES > 0): W goes global -> shared memory by cp.async, NF4T_STAGES
+// groups deep per warp, so the bytes in flight are bound by shared memory, not registers. A lane copies
+// exactly the bytes it later decodes (its slot: [stage][u][rt][h][lane] x LOAD bytes, a warp's copy of
+// one (u, rt, h) 32 x LOAD contiguous bytes: no bank conflicts), so the ring needs no barrier: a lane's
+// own cp.async.wait_group makes its copies visible to it. The statistics of a group are loaded into a
+// register ring when its copies are issued; A (L1/L2 hits) one group ahead.
+#define NF4T_SLOT (NF4T_U * NF4T_RT * 2 * 32 * NF4T_LOAD)      // bytes of one group of one warp
+
+// NF4T_WLOAD 1 (stream): the copies carry an L2 evict-first policy (W is read once; A and the
+// statistics stay); 16-byte copies bypass L1 (.cg) either way.
+__device__ __forceinline__ u64 w_policy() {
+    u64 pol = 0;
+#if NF4T_WLOAD == 1
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#endif
+    return pol;
+}
+
+__device__ __forceinline__ void cp_async_w(u32 dst, const u8* src, bool valid, u64 pol) {
+    const u32 n = valid ? (u32)NF4T_LOAD : 0u;                  // 0: the slot is zero-filled, nothing read
+#if NF4T_LOAD == 16 && NF4T_WLOAD == 1
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src), "r"(n),
+                 "l"(pol) : "memory");
+#elif NF4T_LOAD == 16
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n) : "memory");
+#elif NF4T_WLOAD == 1
+    asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], %2, %3, %4;" ::"r"(dst), "l"(src),
+                 "n"(NF4T_LOAD), "r"(n), "l"(pol) : "memory");
+#else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(NF4T_LOAD), "r"(n)
+                 : "memory");
+#endif
+}
+
+__device__ __forceinline__ void ks_issue(u32 slot, ScaleRaw (&raw)[NF4T_U][NF4T_RT][2], const u8* __restrict__ B,
+                                         const Scales& s, u32 row0, u32 N, u32 K, u32 k_end, u32 g, u32 t,
+                                         u32 lane, u32 kw, u32 kstep, u64 pol) {
 #pragma unroll
-        for (int nt = 0; nt < NF4T_NT; ++nt) {
-            const u32 m = nt * 8 + g;
+    for (int u = 0; u < NF4T_U; ++u) {
+        const u32 k = kw + u * kstep + t * NF4T_RUN;
+        const bool in_k = k < k_end;
 #pragma unroll
-            for (int i = 0; i < NF4T_LOAD; i += 4) {
-                uint4 v = make_uint4(0u, 0u, 0u, 0u);
-                if (in_k && m < mrows) v = *reinterpret_cast<const uint4*>(A + (u64)(m0 + m) * K + k + 2 * i);
-                G.a[u][nt][i] = v.x; G.a[u][nt][i + 1] = v.y; G.a[u][nt][i + 2] = v.z; G.a[u][nt][i + 3] = v.w;
+        for (int rt = 0; rt < NF4T_RT; ++rt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32 n = row0 + rt * 16 + g + 8 * h;
+                const bool valid = in_k && n < N;
+                const u32 dst = slot + (((u * NF4T_RT + rt) * 2 + h) * 32 + lane) * NF4T_LOAD;
+                cp_async_w(dst, valid ? B + (((u64)n * K + k) >> 1) : B, valid, pol);
+                if (valid) {
+                    raw[u][rt][h] = scale_load(s, n * K + k);
+                } else {
+                    raw[u][rt][h].q = 0u;
+                    raw[u][rt][h].a = 0.0f;
+                }
             }
         }
     }
+    asm volatile("cp.async.commit_group;" ::: "memory");
 }
+
+// the group's W from this lane's slot back into registers
+__device__ __forceinline__ void ks_read_slot(u32 slot, u32 lane, u32 (&w)[NF4T_U][NF4T_RT][2][NF4T_WWORDS]) {
+#pragma unroll
+    for (int u = 0; u < NF4T_U; ++u)
+#pragma unroll
+        for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32 src = slot + (((u * NF4T_RT + rt) * 2 + h) * 32 + lane) * NF4T_LOAD;
+#if NF4T_LOAD == 16
+                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(w[u][rt][h][0]), "=r"(w[u][rt][h][1]), "=r"(w[u][rt][h][2]), "=r"(w[u][rt][h][3])
+                             : "r"(src) : "memory");
+#elif NF4T_LOAD == 8
+                asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(w[u][rt][h][0]), "=r"(w[u][rt][h][1])
+                             : "r"(src) : "memory");
+#else
+                asm volatile("ld.shared.u32 %0, [%1];" : "=r"(w[u][rt][h][0]) : "r"(src) : "memory");
+#endif
+            }
+}
+#endif
 
 __device__ __forceinline__ float ks_scale(const Scales& s, ScaleRaw r) {
     if (s.absmax_f != nullptr) return r.a;
@@ -897,12 +998,20 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     const u32 gstep = NF4T_U * kstep;
     const u32 tiles = (N + NF4T_RPW - 1) / NF4T_RPW;
     float* red = reinterpret_cast<float*>(nf4t_dyn);          // [warps][MTILE][RPW]
+#if NF4T_STAGES > 0
+    // this warp's ring: NF4T_STAGES slots after the reduction buffer
+    const u32 ring_base = (u32)__cvta_generic_to_shared(nf4t_dyn + warps * NF4T_MTILE * NF4T_RPW * 4) +
+                          warp * NF4T_STAGES * NF4T_SLOT;
+    const u64 pol = w_policy();
+#endif
 
-    KsGroup G;
     u32 tile = blockIdx.x;
+#if NF4T_STAGES == 0
+    KsGroup G;
     u32 kw = k_begin + warp * NF4T_WIN;
 #if NF4T_PREFETCH == 1
     if (kw < k_end) ks_load(G, A, B, s, tile * NF4T_RPW, N, K, k_end, m0, mrows, g, t, kw, kstep);
+#endif
 #endif
     ks_tables();
     if (code2 != nullptr)
@@ -919,6 +1028,55 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
 #pragma unroll
                 for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
 
+#if NF4T_STAGES > 0
+        {
+            const u32 kw0 = k_begin + warp * NF4T_WIN;
+            const u32 ngroups = kw0 < k_end ? (k_end - kw0 + gstep - 1) / gstep : 0u;
+            ScaleRaw ring[NF4T_STAGES][NF4T_U][NF4T_RT][2];
+            u32 a_next[NF4T_U][NF4T_NT][NF4T_LOAD];
+#pragma unroll
+            for (int p = 0; p < NF4T_STAGES - 1; ++p) {
+                if ((u32)p < ngroups)
+                    ks_issue(ring_base + p * NF4T_SLOT, ring[p], B, s, row0, N, K, k_end, g, t, lane, kw0 + p * gstep,
+                             kstep, pol);
+                else
+                    asm volatile("cp.async.commit_group;" ::: "memory");
+            }
+            if (ngroups) ks_load_a(a_next, A, K, k_end, m0, mrows, g, t, kw0, kstep);
+            for (u32 i = 0; i < ngroups; i += NF4T_STAGES) {
+#pragma unroll
+                for (int st = 0; st < NF4T_STAGES; ++st) {
+                    const u32 j = i + st;
+                    if (j < ngroups) {
+                        const int nx = (st + NF4T_STAGES - 1) % NF4T_STAGES;   // the slot of group j - 1
+                        if (j + NF4T_STAGES - 1 < ngroups)
+                            ks_issue(ring_base + nx * NF4T_SLOT, ring[nx], B, s, row0, N, K, k_end, g, t, lane,
+                                     kw0 + (j + NF4T_STAGES - 1) * gstep, kstep, pol);
+                        else
+                            asm volatile("cp.async.commit_group;" ::: "memory");
+                        asm volatile("cp.async.wait_group %0;" ::"n"(NF4T_STAGES - 1) : "memory");   // group j landed
+                        KsGroup G;
+                        ks_read_slot(ring_base + st * NF4T_SLOT, lane, G.w);
+#pragma unroll
+                        for (int u = 0; u < NF4T_U; ++u)
+#pragma unroll
+                            for (int rt = 0; rt < NF4T_RT; ++rt) {
+                                G.raw[u][rt][0] = ring[st][u][rt][0];
+                                G.raw[u][rt][1] = ring[st][u][rt][1];
+                            }
+#pragma unroll
+                        for (int u = 0; u < NF4T_U; ++u)
+#pragma unroll
+                            for (int nt = 0; nt < NF4T_NT; ++nt)
+#pragma unroll
+                                for (int q = 0; q < NF4T_LOAD; ++q) G.a[u][nt][q] = a_next[u][nt][q];
+                        if (j + 1 < ngroups) ks_load_a(a_next, A, K, k_end, m0, mrows, g, t, kw0 + (j + 1) * gstep, kstep);
+                        ks_compute(G, acc, s, nb, sub, lane, lane4);
+                    }
+                }
+            }
+        }
+#else
         for (kw = k_begin + warp * NF4T_WIN; kw < k_end; kw += gstep) {
 #if NF4T_PREFETCH == 1
             KsGroup Gn;
@@ -935,6 +1093,7 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
             ks_compute(G, acc, s, nb, sub, lane, lane4);
 #endif
         }
+#endif
 
         // the warps' sums, added in warp order
 #pragma unroll

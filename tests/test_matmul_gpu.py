@@ -47,6 +47,17 @@ CONFIGS = [
              lut="register", unroll=4, persist=1, wload="plain")),
     (16, dict(mma="mma-ks", load_bytes=8, rows_per_warp=16, mtile=16, warps=4, ksplit=1, scale="block", lut="pair",
               unroll=2, prefetch=1, persist=1)),
+    # ... W staged through the shared-memory ring (cp.async): every copy width, shallow and deep rings,
+    # evict-first and plain copies, groups of two windows, persistent CTAs, split-K; the deep ones
+    # need more than 48 KiB of dynamic shared memory (opt-in)
+    (1, dict(mma="mma-ks", load_bytes=16, rows_per_warp=16, mtile=8, warps=8, ksplit=1, scale="block", lut="pair",
+             stages=8)),
+    (1, dict(mma="mma-ks", load_bytes=8, rows_per_warp=32, mtile=8, warps=4, ksplit=2, scale="block", lut="shared",
+             stages=2, unroll=2, wload="plain")),
+    (8, dict(mma="mma-ks", load_bytes=4, rows_per_warp=16, mtile=8, warps=4, ksplit=1, scale="block",
+             lut="register", stages=4, persist=1)),
+    (32, dict(mma="mma-ks", load_bytes=16, rows_per_warp=32, mtile=16, warps=4, ksplit=4, scale="block", lut="pair",
+              stages=4, unroll=2)),
 ]
 
 
@@ -65,7 +76,7 @@ def test_every_path_passes_the_gate(seed, m, knobs, dtype):
 
 def test_large_k_and_the_five_target_shapes(seed):
     for n, k in ((1024, 4096), (4096, 14336), (28672, 8192)):
-        for m, knobs in ((1, CONFIGS[0][1]), (16, dict(CONFIGS[7][1], astage="global"))):
+        for m, knobs in ((1, CONFIGS[0][1]), (16, dict(CONFIGS[7][1], astage="global")), (1, CONFIGS[13][1])):
             c = MM.config(**knobs, dtype="bf16", quant="nf4", m=m)
             r = check_config(c, P(n, k, m), seed=seed)
             assert r.ok, f"{c.short()} {n}x{k}: {r.reason}"
@@ -86,7 +97,8 @@ def test_plain_absmax(seed):
     B, qs = F.quantize_4bit(w, blocksize=64, compress_statistics=False, quant_type="nf4")
     plain = replace(inputs, B=B, qs=qs, ref={})
     want = MM.expected(plain)
-    for knobs in (CONFIGS[3][1], dict(CONFIGS[6][1], mtile=8), CONFIGS[9][1], CONFIGS[10][1]):
+    for knobs in (CONFIGS[3][1], dict(CONFIGS[6][1], mtile=8), CONFIGS[9][1], CONFIGS[10][1], CONFIGS[13][1],
+                  CONFIGS[14][1]):
         c = MM.config(**knobs, m=8 if knobs.get("mma") == "mma" else 2)
         out = MM.new_output(plain)
         bind(load_kernel(c), plain, out)()

@@ -73,27 +73,43 @@ def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
     return None
 
 
-def ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch) -> int:
+def ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch, stages=0) -> int:
     """32-bit registers the K-split path holds for its loads in flight: per window, W (two rows of
     each m16 tile), the raw statistics, and the batch rows' run of A; twice that when the next
-    group is prefetched."""
+    group is prefetched. With the shared-memory ring (``stages`` > 0) W is in shared memory: the
+    registers hold the statistics of every group in the ring and A for two groups."""
     words = max(1, load_bytes // 4)
-    per_window = (rows_per_warp // 16) * (2 * words + 4) + (mtile // 8) * load_bytes
+    rt, nt = rows_per_warp // 16, mtile // 8
+    if stages:
+        return stages * unroll * rt * 4 + 2 * unroll * nt * load_bytes
+    per_window = rt * (2 * words + 4) + nt * load_bytes
     return (1 + prefetch) * unroll * per_window
 
 
-def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, persist, prefetch):
+def ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps) -> int:
+    """Shared memory of the K-split path's ring: ``stages`` groups of W per warp."""
+    return warps * stages * unroll * (rows_per_warp // 16) * 2 * 32 * load_bytes
+
+
+def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, persist, prefetch, stages):
     if mma != "mma-ks":
-        if unroll != 1 or persist:
-            return "unroll and persist are knobs of the K-split tensor-core path"
+        if unroll != 1 or persist or stages:
+            return "unroll, persist and stages are knobs of the K-split tensor-core path"
         return None
     if astage != "global":
         return "the K-split tensor-core path reads its run of A per window (no shared staging)"
     if warps * rows_per_warp * mtile > 2048:
         return f"warps*rows*mtile = {warps * rows_per_warp * mtile} partial sums exceed the 8 KiB reduction buffer"
-    regs = ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch)
+    if stages and prefetch:
+        return "the shared-memory ring (stages) replaces the register prefetch"
+    if stages and unroll > 2:
+        return "the shared-memory ring takes groups of 1 or 2 windows (its depth is the stages)"
+    regs = ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch, stages)
     if regs > 128:
         return f"{regs} registers of loads in flight exceed 128"
+    ring = ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps)
+    if ring > 160 * 1024:
+        return f"a ring of {ring} bytes exceeds 160 KiB of shared memory per CTA"
     return None
 
 
@@ -189,14 +205,21 @@ class MatmulPlan:
         mtiles = -(-M // c.mtile)
         act_bytes = OUT_BYTES[c.dtype]
         if c.mma == "mma-ks":
-            self.smem = c.warps * c.mtile * c.rows_per_warp * 4     # the warps' partial sums
+            # the warps' partial sums, then the ring
+            self.smem = c.warps * c.mtile * c.rows_per_warp * 4 + ring_bytes(c.load_bytes, c.rows_per_warp,
+                                                                             c.unroll, c.stages, c.warps)
             static = 64 + 1024 + (256 * 32 * 4 if c.lut == "pair" else 0)
+            if self.smem + static > limits.smem_per_block_optin:
+                raise UnsupportedInput(f"{c.short()}: {self.smem} bytes of shared memory (partial sums and ring) "
+                                       f"beside {static} of tables exceed the device's "
+                                       f"{limits.smem_per_block_optin} per block")
         else:
             self.smem = c.mtile * kper * act_bytes if c.astage == "shared" else 0
             static = 64 + (256 * 16 * 8 if c.lut == "pair" else 0)
-        if self.smem + static > limits.smem_per_block:
-            raise UnsupportedInput(f"{c.short()}: A staged in shared memory needs {self.smem} bytes beside "
-                                   f"{static} of tables (> {limits.smem_per_block} per block) at K per split {kper}")
+            if self.smem + static > limits.smem_per_block:
+                raise UnsupportedInput(f"{c.short()}: A staged in shared memory needs {self.smem} bytes beside "
+                                       f"{static} of tables (> {limits.smem_per_block} per block) at K per split "
+                                       f"{kper}")
         gx = tiles
         if getattr(c, "persist", 0):
             # a few CTAs per SM loop over the row tiles: as many as can be resident at once
@@ -321,6 +344,9 @@ class MatmulFamily(Family):
              help="mma-ks: windows of K whose loads are all issued before the first is used"),
         Knob("persist", (0, 1), "source", "NF4T_PERSIST", label="p{}",
              help="mma-ks: a few CTAs per SM loop over the row tiles (tables filled once per CTA)"),
+        Knob("stages", (0, 2, 4, 8), "source", "NF4T_STAGES", label="st{}",
+             help="mma-ks: 0 loads W into registers; N stages W through a per-warp shared-memory ring by "
+                  "cp.async, N groups deep (bytes in flight bound by shared memory, not registers)"),
         Knob("dtype", DTYPES, "problem", "NF4T_ACT", help="activation (and output) dtype"),
         Knob("quant", QUANTS, "problem", "NF4T_QUANT", help="4-bit code: nf4 or fp4"),
         Knob("m", M_BUCKETS, "problem", label="", help="the batch bucket the config is tuned for (not in the source)"),
@@ -330,7 +356,7 @@ class MatmulFamily(Family):
         Constraint(("mma", "mtile", "m"), _tile_fits_batch),
         Constraint(("mma", "prefetch"), _prefetch_simt),
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "warps", "astage", "unroll", "persist",
-                    "prefetch"), _ks_shape),
+                    "prefetch", "stages"), _ks_shape),
     )
     constraint_text = (
         "mma: load_bytes 16, rows_per_warp 16/32/64, mtile 8/16, scale value, dtype bf16/fp16",
@@ -338,11 +364,12 @@ class MatmulFamily(Family):
         "rows_per_warp*load_bytes <= 128 bytes in flight, mtile*rows_per_warp <= 32 accumulators",
         "simt: mtile <= the batch bucket m; mma, mma-ks: mtile 8 when m <= 8",
         "mma-ks: rows_per_warp 16/32 (rows per CTA), mtile 8/16, scale block, A global, dtype bf16/fp16, "
-        "warps*rows*mtile <= 2048, loads in flight <= 128 registers; unroll and persist only here",
+        "warps*rows*mtile <= 2048, loads in flight <= 128 registers, the ring (stages) <= 160 KiB and without "
+        "prefetch; unroll, persist and stages only here",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
-                    astage="global", scale="block", wload="stream", prefetch=0, unroll=1, persist=0, dtype="bf16",
+                    astage="global", scale="block", wload="stream", prefetch=0, unroll=1, persist=0, stages=0, dtype="bf16",
                     quant="nf4", m=1)
     presets = {
         # bnb's gemm_4bit_simt: one warp per row, 4 warps per CTA, 32 values per lane per step
@@ -350,7 +377,7 @@ class MatmulFamily(Family):
                          astage="global", scale="value", wload="plain", prefetch=0),
     }
     refine_order = ("ksplit", "warps", "rows_per_warp", "prefetch", "wload", "scale", "load_bytes", "mtile", "mma",
-                    "lut", "astage", "unroll", "persist")
+                    "lut", "astage", "unroll", "persist", "stages")
     peer_label = REF_BNB_MATMUL
     ceiling_label = REF_READ
     problem_knobs = {"dtype": "dtype", "quant": "quant", "m": "m"}

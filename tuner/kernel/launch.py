@@ -99,6 +99,31 @@ class LoadedKernel:
         return out
 
 
+#: dynamic shared memory a kernel may take without opting in
+_DEFAULT_DYNAMIC_SMEM = 48 * 1024
+_SMEM_OPTED: dict = {}   # (kernel handle, device ordinal) -> bytes allowed
+
+
+def allow_dynamic_smem(kernel: "LoadedKernel", nbytes: int, device_index: int) -> None:
+    """Let ``kernel`` take ``nbytes`` of dynamic shared memory on the device (above 48 KiB a
+    kernel has to opt in: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES). Once per kernel,
+    device and size; a refusal is :class:`UnsupportedInput`."""
+    if nbytes <= _DEFAULT_DYNAMIC_SMEM:
+        return
+    handle = kernel.function.handle
+    key = (int(handle), device_index)
+    if _SMEM_OPTED.get(key, 0) >= nbytes:
+        return
+    from cuda.bindings import driver
+
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    err = driver.cuKernelSetAttribute(attr, nbytes, handle, device_index)[0]
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise UnsupportedInput(f"{kernel.config.short()}: {nbytes} bytes of dynamic shared memory refused "
+                               f"by the driver ({err!r})")
+    _SMEM_OPTED[key] = nbytes
+
+
 @dataclass
 class BoundLaunch:
     """A launch with its arguments checked and laid out; calling it launches on the current stream."""
@@ -123,6 +148,7 @@ class BoundLaunch:
 def bind(kernel: LoadedKernel, inputs, out, plan=None) -> BoundLaunch:
     """Check ``inputs`` and ``out`` through the family's launch plan and lay out the arguments."""
     plan = plan or kernel.plan(inputs, inputs_device_index(inputs))
+    allow_dynamic_smem(kernel, plan.smem, inputs_device_index(inputs))
     return BoundLaunch(kernel, plan, kernel.family.launch_args(plan, inputs, out))
 
 
@@ -143,6 +169,7 @@ class PackedLaunch:
         from cuda.bindings import driver
 
         kinds = plan.PARAM_KINDS
+        allow_dynamic_smem(kernel, plan.smem, _torch().cuda.current_device())
         self.kernel = kernel
         self.plan = plan
         self._vals = np.zeros(len(kinds), dtype=np.uint64)          # one 8-byte slot per parameter
