@@ -57,7 +57,7 @@ CONFIGS = [
     (8, dict(mma="mma-ks", load_bytes=4, rows_per_warp=16, mtile=8, warps=4, ksplit=1, scale="block",
              lut="register", stages=4, persist=1)),
     (32, dict(mma="mma-ks", load_bytes=16, rows_per_warp=32, mtile=16, warps=4, ksplit=4, scale="block", lut="pair",
-              stages=4, unroll=2)),
+              stages=4)),
 ]
 
 

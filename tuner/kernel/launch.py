@@ -105,16 +105,23 @@ _SMEM_OPTED: dict = {}   # (kernel handle, device ordinal) -> bytes allowed
 
 
 def allow_dynamic_smem(kernel: "LoadedKernel", nbytes: int, device_index: int) -> None:
-    """Let ``kernel`` take ``nbytes`` of dynamic shared memory on the device (above 48 KiB a
-    kernel has to opt in: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES). Once per kernel,
-    device and size; a refusal is :class:`UnsupportedInput`."""
-    if nbytes <= _DEFAULT_DYNAMIC_SMEM:
+    """Let ``kernel`` take ``nbytes`` of dynamic shared memory on the device: a kernel whose
+    static and dynamic shared memory together pass 48 KiB has to opt in
+    (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES). Once per kernel, device and size; a
+    refusal is :class:`UnsupportedInput`."""
+    if nbytes <= 0:
         return
     handle = kernel.function.handle
     key = (int(handle), device_index)
     if _SMEM_OPTED.get(key, 0) >= nbytes:
         return
     from cuda.bindings import driver
+
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES
+    err, static = driver.cuKernelGetAttribute(attr, handle, device_index)
+    if err == driver.CUresult.CUDA_SUCCESS and nbytes + static <= _DEFAULT_DYNAMIC_SMEM:
+        _SMEM_OPTED[key] = nbytes
+        return
 
     attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     err = driver.cuKernelSetAttribute(attr, nbytes, handle, device_index)[0]
