@@ -791,15 +791,19 @@ __device__ __forceinline__ void ks_load(KsGroup& G, const act_t* __restrict__ A,
 }
 
 #if NF4T_STAGES > 0
-// ---- the shared-memory ring (NF4T_STAGES > 0): W goes global -> shared memory by cp.async, NF4T_STAGES
-// groups deep per warp, so the bytes in flight are bound by shared memory, not registers. A lane copies
-// exactly the bytes it later decodes (its slot: [stage][u][rt][h][lane] x LOAD bytes, a warp's copy of
-// one (u, rt, h) 32 x LOAD contiguous bytes: no bank conflicts), so the ring needs no barrier: a lane's
-// own cp.async.wait_group makes its copies visible to it. The statistics of a group are loaded into a
-// register ring when its copies are issued; A (L1/L2 hits) one group ahead.
-#define NF4T_SLOT (NF4T_U * NF4T_RT * 2 * 32 * NF4T_LOAD)      // bytes of one group of one warp
+// ---- the shared-memory ring (NF4T_STAGES > 0): W and its statistics go global -> shared memory by
+// cp.async, NF4T_STAGES groups deep per warp, so the bytes in flight are bound by shared memory, not
+// registers, and no load's register scoreboard is shared with a later group's (a warp has only a few:
+// statistics loaded into registers groups ahead made every step wait for the newest group's loads).
+// A lane copies exactly the bytes it later reads (its slot: [stage] x {W: [u][rt][h][lane] x LOAD
+// bytes, statistics: [u][rt][h][lane] x (the 4-byte word holding the absmax byte, the group absmax)
+// or (the float absmax, 0)}; a warp's copy of one (u, rt, h) is contiguous: no bank conflicts), so the
+// ring needs no barrier: a lane's own cp.async.wait_group makes its copies visible to it. A, small
+// and an L1/L2 hit, is loaded into registers one group ahead.
+#define NF4T_SLOT_W (NF4T_U * NF4T_RT * 2 * 32 * NF4T_LOAD)    // W of one group of one warp
+#define NF4T_SLOT (NF4T_SLOT_W + NF4T_U * NF4T_RT * 2 * 32 * 8)  // ... and its statistics
 
-// NF4T_WLOAD 1 (stream): the copies carry an L2 evict-first policy (W is read once; A and the
+// NF4T_WLOAD 1 (stream): the copies of W carry an L2 evict-first policy (W is read once; A and the
 // statistics stay); 16-byte copies bypass L1 (.cg) either way.
 __device__ __forceinline__ u64 w_policy() {
     u64 pol = 0;
@@ -825,9 +829,14 @@ __device__ __forceinline__ void cp_async_w(u32 dst, const u8* src, bool valid, u
 #endif
 }
 
-__device__ __forceinline__ void ks_issue(u32 slot, ScaleRaw (&raw)[NF4T_U][NF4T_RT][2], const u8* __restrict__ B,
-                                         const Scales& s, u32 row0, u32 N, u32 K, u32 k_end, u32 g, u32 t,
-                                         u32 lane, u32 kw, u32 kstep, u64 pol) {
+// 4 bytes (the first n of them; the rest of the word zero-filled), src 4-byte aligned
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src, u32 n) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+
+__device__ __forceinline__ void ks_issue(u32 slot, const u8* __restrict__ B, const Scales& s, u32 nblocks,
+                                         u32 row0, u32 N, u32 K, u32 k_end, u32 g, u32 t, u32 lane, u32 kw,
+                                         u32 kstep, u64 pol) {
 #pragma unroll
     for (int u = 0; u < NF4T_U; ++u) {
         const u32 k = kw + u * kstep + t * NF4T_RUN;
@@ -838,13 +847,18 @@ __device__ __forceinline__ void ks_issue(u32 slot, ScaleRaw (&raw)[NF4T_U][NF4T_
             for (int h = 0; h < 2; ++h) {
                 const u32 n = row0 + rt * 16 + g + 8 * h;
                 const bool valid = in_k && n < N;
-                const u32 dst = slot + (((u * NF4T_RT + rt) * 2 + h) * 32 + lane) * NF4T_LOAD;
-                cp_async_w(dst, valid ? B + (((u64)n * K + k) >> 1) : B, valid, pol);
-                if (valid) {
-                    raw[u][rt][h] = scale_load(s, n * K + k);
+                const u32 i = ((u * NF4T_RT + rt) * 2 + h) * 32 + lane;
+                cp_async_w(slot + i * NF4T_LOAD, valid ? B + (((u64)n * K + k) >> 1) : B, valid, pol);
+                const u32 b = valid ? (n * K + k) >> s.log2_bs : 0u;
+                const u32 st = slot + NF4T_SLOT_W + i * 8;
+                if (s.absmax_f != nullptr) {
+                    cp_async4(st, s.absmax_f + b, valid ? 4u : 0u);
+                    cp_async4(st + 4, s.absmax_f, 0u);
                 } else {
-                    raw[u][rt][h].q = 0u;
-                    raw[u][rt][h].a = 0.0f;
+                    // the aligned word holding absmax byte b, never past the last block
+                    const u32 w0 = b & ~3u;
+                    cp_async4(st, s.absmax_q + w0, valid ? min(4u, nblocks - w0) : 0u);
+                    cp_async4(st + 4, s.absmax2 + (b >> s.log2_g), valid ? 4u : 0u);
                 }
             }
         }
@@ -852,25 +866,41 @@ __device__ __forceinline__ void ks_issue(u32 slot, ScaleRaw (&raw)[NF4T_U][NF4T_
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
 
-// the group's W from this lane's slot back into registers
-__device__ __forceinline__ void ks_read_slot(u32 slot, u32 lane, u32 (&w)[NF4T_U][NF4T_RT][2][NF4T_WWORDS]) {
+// the group's W and raw statistics from this lane's slot back into registers
+__device__ __forceinline__ void ks_read_slot(u32 slot, u32 lane, KsGroup& G, const Scales& s, u32 row0, u32 K,
+                                             u32 g, u32 t, u32 kw, u32 kstep) {
 #pragma unroll
     for (int u = 0; u < NF4T_U; ++u)
 #pragma unroll
         for (int rt = 0; rt < NF4T_RT; ++rt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const u32 src = slot + (((u * NF4T_RT + rt) * 2 + h) * 32 + lane) * NF4T_LOAD;
+                const u32 i = ((u * NF4T_RT + rt) * 2 + h) * 32 + lane;
+                const u32 src = slot + i * NF4T_LOAD;
 #if NF4T_LOAD == 16
                 asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                             : "=r"(w[u][rt][h][0]), "=r"(w[u][rt][h][1]), "=r"(w[u][rt][h][2]), "=r"(w[u][rt][h][3])
+                             : "=r"(G.w[u][rt][h][0]), "=r"(G.w[u][rt][h][1]), "=r"(G.w[u][rt][h][2]),
+                               "=r"(G.w[u][rt][h][3])
                              : "r"(src) : "memory");
 #elif NF4T_LOAD == 8
-                asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(w[u][rt][h][0]), "=r"(w[u][rt][h][1])
+                asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(G.w[u][rt][h][0]), "=r"(G.w[u][rt][h][1])
                              : "r"(src) : "memory");
 #else
-                asm volatile("ld.shared.u32 %0, [%1];" : "=r"(w[u][rt][h][0]) : "r"(src) : "memory");
+                asm volatile("ld.shared.u32 %0, [%1];" : "=r"(G.w[u][rt][h][0]) : "r"(src) : "memory");
 #endif
+                u32 qw, aw;
+                asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(qw), "=r"(aw)
+                             : "r"(slot + NF4T_SLOT_W + i * 8) : "memory");
+                if (s.absmax_f != nullptr) {
+                    G.raw[u][rt][h].q = 0u;
+                    G.raw[u][rt][h].a = __uint_as_float(qw);
+                } else {
+                    const u32 n = row0 + rt * 16 + g + 8 * h;
+                    const u32 k = kw + u * kstep + t * NF4T_RUN;
+                    const u32 b = (n * K + k) >> s.log2_bs;           // (a lane past N or K reads zeros)
+                    G.raw[u][rt][h].q = (qw >> (8 * (b & 3u))) & 0xffu;
+                    G.raw[u][rt][h].a = __uint_as_float(aw);
+                }
             }
 }
 #endif
@@ -1003,6 +1033,7 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     const u32 ring_base = (u32)__cvta_generic_to_shared(nf4t_dyn + warps * NF4T_MTILE * NF4T_RPW * 4) +
                           warp * NF4T_STAGES * NF4T_SLOT;
     const u64 pol = w_policy();
+    const u32 nblocks = (N * K) >> log2_bs;
 #endif
 
     u32 tile = blockIdx.x;
@@ -1032,13 +1063,12 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
         {
             const u32 kw0 = k_begin + warp * NF4T_WIN;
             const u32 ngroups = kw0 < k_end ? (k_end - kw0 + gstep - 1) / gstep : 0u;
-            ScaleRaw ring[NF4T_STAGES][NF4T_U][NF4T_RT][2];
             u32 a_next[NF4T_U][NF4T_NT][NF4T_LOAD];
 #pragma unroll
             for (int p = 0; p < NF4T_STAGES - 1; ++p) {
                 if ((u32)p < ngroups)
-                    ks_issue(ring_base + p * NF4T_SLOT, ring[p], B, s, row0, N, K, k_end, g, t, lane, kw0 + p * gstep,
-                             kstep, pol);
+                    ks_issue(ring_base + p * NF4T_SLOT, B, s, nblocks, row0, N, K, k_end, g, t, lane,
+                             kw0 + p * gstep, kstep, pol);
                 else
                     asm volatile("cp.async.commit_group;" ::: "memory");
             }
@@ -1050,20 +1080,13 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
                     if (j < ngroups) {
                         const int nx = (st + NF4T_STAGES - 1) % NF4T_STAGES;   // the slot of group j - 1
                         if (j + NF4T_STAGES - 1 < ngroups)
-                            ks_issue(ring_base + nx * NF4T_SLOT, ring[nx], B, s, row0, N, K, k_end, g, t, lane,
+                            ks_issue(ring_base + nx * NF4T_SLOT, B, s, nblocks, row0, N, K, k_end, g, t, lane,
                                      kw0 + (j + NF4T_STAGES - 1) * gstep, kstep, pol);
                         else
                             asm volatile("cp.async.commit_group;" ::: "memory");
                         asm volatile("cp.async.wait_group %0;" ::"n"(NF4T_STAGES - 1) : "memory");   // group j landed
                         KsGroup G;
-                        ks_read_slot(ring_base + st * NF4T_SLOT, lane, G.w);
-#pragma unroll
-                        for (int u = 0; u < NF4T_U; ++u)
-#pragma unroll
-                            for (int rt = 0; rt < NF4T_RT; ++rt) {
-                                G.raw[u][rt][0] = ring[st][u][rt][0];
-                                G.raw[u][rt][1] = ring[st][u][rt][1];
-                            }
+                        ks_read_slot(ring_base + st * NF4T_SLOT, lane, G, s, row0, K, g, t, kw0 + j * gstep, kstep);
 #pragma unroll
                         for (int u = 0; u < NF4T_U; ++u)
 #pragma unroll

@@ -76,19 +76,20 @@ def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
 def ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch, stages=0) -> int:
     """32-bit registers the K-split path holds for its loads in flight: per window, W (two rows of
     each m16 tile), the raw statistics, and the batch rows' run of A; twice that when the next
-    group is prefetched. With the shared-memory ring (``stages`` > 0) W is in shared memory: the
-    registers hold the statistics of every group in the ring and A for two groups."""
+    group is prefetched. With the shared-memory ring (``stages`` > 0) W and the statistics are in
+    shared memory: the registers hold A for two groups."""
     words = max(1, load_bytes // 4)
     rt, nt = rows_per_warp // 16, mtile // 8
     if stages:
-        return stages * unroll * rt * 4 + 2 * unroll * nt * load_bytes
+        return 2 * unroll * nt * load_bytes
     per_window = rt * (2 * words + 4) + nt * load_bytes
     return (1 + prefetch) * unroll * per_window
 
 
 def ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps) -> int:
-    """Shared memory of the K-split path's ring: ``stages`` groups of W per warp."""
-    return warps * stages * unroll * (rows_per_warp // 16) * 2 * 32 * load_bytes
+    """Shared memory of the K-split path's ring: ``stages`` groups per warp, each W (``load_bytes``
+    per lane and row pair) and its statistics (8 bytes per lane and row pair)."""
+    return warps * stages * unroll * (rows_per_warp // 16) * 2 * 32 * (load_bytes + 8)
 
 
 def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, persist, prefetch, stages):
@@ -261,6 +262,12 @@ class MatmulPlan:
             raise UnsupportedInput(f"out must be a contiguous tensor of {self.M}x{self.N} values")
         if A.data_ptr() % 16 or B.data_ptr() % 16:
             raise UnsupportedInput("A and B must be 16-byte aligned for the fused kernel")
+
+    def check_stats(self, stats: tuple) -> None:
+        """The ring copies the statistics in aligned 4-byte words: their pointers must be 4-byte aligned."""
+        if getattr(self.config, "stages", 0) and any(p % 4 for p in stats[:4]):
+            raise UnsupportedInput("the statistics (absmax, nested code and absmax) must be 4-byte aligned for "
+                                   "the shared-memory ring")
 
 
 def stat_args(qs) -> tuple:
@@ -541,8 +548,10 @@ class MatmulFamily(Family):
         if out.dtype != inputs.A.dtype:
             raise UnsupportedInput(f"out has dtype {out.dtype}, this variant writes {inputs.A.dtype}")
         plan.check_call(inputs.A, inputs.B, out)
+        stats = stat_args(inputs.qs)
+        plan.check_stats(stats)
         bias = inputs.bias.data_ptr() if inputs.bias is not None else 0
-        return plan.args(inputs.A.data_ptr(), inputs.B.data_ptr(), *stat_args(inputs.qs), bias, out.data_ptr())
+        return plan.args(inputs.A.data_ptr(), inputs.B.data_ptr(), *stats, bias, out.data_ptr())
 
     # -- what it is judged against ---------------------------------------------------------
     def peers(self, inputs: MatmulInputs, problem: Problem) -> dict:

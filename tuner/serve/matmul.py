@@ -133,6 +133,7 @@ def _fused(A, B, qs, out, bias):
         raise ValueError(f"out must be {A.dtype} of shape {(*A.shape[:-1], N)}, got {y.dtype} {tuple(y.shape)}")
     plan.check_call(A2, Bflat, y)
     s = stat_args(qs)
+    plan.check_stats(s)
     launch((A2.data_ptr(), Bflat.data_ptr(), s[0], s[1], s[2], s[3], s[4],
             bias.data_ptr() if bias is not None else 0, y.data_ptr()), _runtime._raw_stream(A.device.index))
     _runtime._counts["matmul_calls"] += 1
