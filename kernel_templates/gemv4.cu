@@ -33,6 +33,8 @@
 //                lookups never conflict); a word's nibbles are turned into table offsets with
 //                two masks per word and one byte permute per nibble;
 //                1 register: a 4-level select tree, no memory;
+//                3 prmt (mma-ks only): the codes as 16-bit operands in two byte tables in registers,
+//                four nibbles looked up per byte permute (see prmt_pair);
 //                2 pair: a 256-entry table of (code[hi], code[lo]) float pairs, one lookup per
 //                packed byte (one 8-byte load for two values), replicated 16 times so that the
 //                16 lanes of a load phase always hit distinct banks (32 KiB of shared memory).
@@ -710,9 +712,76 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
 #define NF4T_NBMAX (NF4T_WIN / 32)           // blocks a window can span (blocksize 32)
 #define NF4T_U NF4T_UNROLL
 
+#if NF4T_LUT == 3
+// NF4T_LUT 3 (prmt): the 16 codes rounded to the operand dtype, as two byte tables (low bytes
+// T_L0..3, high bytes T_H0..3: 4 entries per register) held in registers; byte permutes look up
+// four nibbles at once (prmt picks a byte out of 8 by a 3-bit index: codes 0-7 from one register
+// pair, 8-15 from the other, the nibble's top bit choosing between them through a sign-replicated
+// byte mask). No memory is touched: the decode leaves the shared-memory / L1 pipe to the loads.
+// The constants are the cvt.rn roundings of the NF4T_V code values (tests check them against the
+// 16-entry shared table's).
+#if NF4T_QUANT == 0 && NF4T_ACT == 0
+#define T_L0 0xca063280u
+#define T_L1 0x00ba3d92u
+#define T_L2 0xad7c25a3u
+#define T_L3 0x803910e2u
+#define T_H0 0xbebfbfbfu
+#define T_H1 0x00bdbebeu
+#define T_H2 0x3e3e3e3du
+#define T_H3 0x3f3f3f3eu
+#elif NF4T_QUANT == 0
+#define T_L0 0x52339200u
+#define T_L1 0x00d4ea8du
+#define T_L2 0x68e02618u
+#define T_L3 0x00c9800du
+#define T_H0 0xb6b8b9bcu
+#define T_H1 0x00adb1b4u
+#define T_H2 0x3533312du
+#define T_H3 0x3c393837u
+#elif NF4T_ACT == 0
+#define T_L0 0x802bab00u
+#define T_L1 0x802b00abu
+#define T_L2 0x802bab00u
+#define T_L3 0x802b00abu
+#define T_H0 0x3f3f3b00u
+#define T_H1 0x3e3e3f3eu
+#define T_H2 0xbfbfbb80u
+#define T_H3 0xbebebfbeu
+#else
+#define T_L0 0x00555500u
+#define T_L1 0x00550055u
+#define T_L2 0x00555500u
+#define T_L3 0x00550055u
+#define T_H0 0x3c391d00u
+#define T_H1 0x34313835u
+#define T_H2 0xbcb99d80u
+#define T_H3 0xb4b1b8b5u
+#endif
+
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+
+// the operand pair of byte j (0..3) of w
+__device__ __forceinline__ u32 prmt_pair(u32 w, int j) {
+    const u32 half = j < 2 ? w : w >> 16;              // nibbles 0..3: lo(byte), hi(byte), lo, hi
+    const u32 sel = half & 0x7777u;
+    const u32 lo_a = prmt(T_L0, T_L1, sel), lo_b = prmt(T_L2, T_L3, sel);
+    const u32 hi_a = prmt(T_H0, T_H1, sel), hi_b = prmt(T_H2, T_H3, sel);
+    const u32 m = prmt(half << 4, half, 0xD9C8u);     // byte k: 0xff where nibble k >= 8
+    const u32 lo = (lo_b & m) | (lo_a & ~m), hi = (hi_b & m) | (hi_a & ~m);
+    // first value (high nibble) in the low half
+    return (j & 1) ? prmt(lo, hi, 0x6273u) : prmt(lo, hi, 0x4051u);
+}
+#endif
+
 // the 16-bit operand pair (values 2j, 2j+1 of the run) of byte j of word w
 __device__ __forceinline__ u32 pair16(u32 w, int j, u32 lane4) {
-#if NF4T_LUT == 2
+#if NF4T_LUT == 3
+    return prmt_pair(w, j & 3);
+#elif NF4T_LUT == 2
     const u32 off = (((w >> (8 * (j & 3))) & 0xffu) << 7) | lane4;
     return *reinterpret_cast<const u32*>(reinterpret_cast<const char*>(nf4t_pairs16) + off);
 #elif NF4T_LUT == 0

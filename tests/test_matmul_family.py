@@ -225,3 +225,56 @@ def test_every_distinct_matmul_source_compiles_for_sm90(compile_cache):
     print(f"matmul bf16/nf4 sm_90: {summary.sources} sources, {summary.seconds:.0f} s, "
           f"max registers {summary.max_registers}, {summary.spilling} with spills")
     assert summary.failures == [], summary.failures[:3]
+
+
+def _prmt(a, b, sel):
+    """PTX prmt.b32 (default mode): byte k of the result is byte (sel nibble k & 7) of {b, a}, or
+    that byte's sign replicated when the nibble's bit 3 is set."""
+    src = (b << 32) | a
+    r = 0
+    for k in range(4):
+        nib = (sel >> (4 * k)) & 0xF
+        byte = (src >> (8 * (nib & 7))) & 0xFF
+        if nib & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        r |= byte << (8 * k)
+    return r
+
+
+@pytest.mark.parametrize("quant", ["nf4", "fp4"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_prmt_decode_gives_the_rounded_code_of_every_nibble_pair(quant, dtype):
+    """lut=prmt: the byte tables in the template are the codes rounded to the operand dtype, and
+    the permute sequence of prmt_pair (modelled here, its selectors read from the template) turns
+    every byte into (code[high nibble], code[low nibble]), first value in the low half."""
+    import re
+
+    src = MM.config(mma="mma-ks", rows_per_warp=16, mtile=8, scale="block", lut="prmt", quant=quant, dtype=dtype,
+                    m=1).render()
+    # the preprocessor's choice of table for this quant / dtype, as the compiler would make it
+    qi, ai = {"nf4": 0, "fp4": 1}[quant], {"bf16": 0, "fp16": 1}[dtype]
+    block = src[src.index("#if NF4T_QUANT == 0 && NF4T_ACT == 0"):src.index("__device__ __forceinline__ u32 prmt(")]
+    branches = re.split(r"#(?:el)?if [^\n]*\n|#else\n", block)[1:]
+    table = branches[[(0, 0), (0, 1), (1, 0), (1, 1)].index((qi, ai))]
+    T = {name: int(v, 16) for name, v in re.findall(r"#define (T_[LH]\d) (0x[0-9a-f]+)u", table)}
+    codes = [float(x.rstrip("f")) for x in re.findall(r"#define NF4T_V\d+ (\S+)",
+                                                      src[src.index(f"#if NF4T_QUANT == 0\n#define NF4T_V0"):])][
+        16 * qi:16 * qi + 16]
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    want16 = [int(x) & 0xFFFF for x in torch.tensor(codes, dtype=torch.float32).to(dt).view(torch.int16)]
+    body = src[src.index("u32 prmt_pair(u32 w, int j)"):]
+    mask_sel = int(re.search(r"prmt\(half << 4, half, 0x([0-9A-F]{4})u\)", body).group(1), 16)
+    odd_sel, even_sel = (int(x, 16) for x in
+                         re.search(r"\(j & 1\) \? prmt\(lo, hi, 0x([0-9A-F]{4})u\) : prmt\(lo, hi, 0x([0-9A-F]{4})u\)",
+                                   body).groups())
+    for half in range(1 << 16):
+        sel = half & 0x7777
+        lo_a, lo_b = _prmt(T["T_L0"], T["T_L1"], sel), _prmt(T["T_L2"], T["T_L3"], sel)
+        hi_a, hi_b = _prmt(T["T_H0"], T["T_H1"], sel), _prmt(T["T_H2"], T["T_H3"], sel)
+        m = _prmt((half << 4) & 0xFFFFFFFF, half, mask_sel)
+        lo = (lo_b & m) | (lo_a & ~m & 0xFFFFFFFF)
+        hi = (hi_b & m) | (hi_a & ~m & 0xFFFFFFFF)
+        for j, s in ((0, even_sel), (1, odd_sel)):
+            byte = (half >> (8 * j)) & 0xFF
+            got = _prmt(lo, hi, s)
+            assert got == want16[byte >> 4] | (want16[byte & 15] << 16), (half, j)

@@ -114,6 +114,12 @@ def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, pers
     return None
 
 
+def _lut_path(mma, lut):
+    if lut == "prmt" and mma != "mma-ks":
+        return "the byte-permute decode (lut prmt) builds 16-bit operands: the K-split tensor-core path only"
+    return None
+
+
 def _prefetch_simt(mma, prefetch):
     if mma == "mma" and prefetch:
         return "prefetch is a SIMT knob (the tensor-core path keeps its loads for the next window in flight by row tiles)"
@@ -336,9 +342,10 @@ class MatmulFamily(Family):
         Knob("warps", (1, 2, 4, 8), "launch", label="w{}", help="warps per CTA"),
         Knob("ksplit", (1, 2, 4, 8, 16), "launch", label="k/{}",
              help="split-K: slices of K over CTAs, summed by fp32 atomics, the last CTA finishing the tile"),
-        Knob("lut", ("shared", "register", "pair"), "source", "NF4T_LUT",
-             help="the 16-entry code in shared memory, a select tree in registers, or a 256-entry table of "
-                  "code pairs (one lookup per byte), replicated per lane phase (32 KiB)"),
+        Knob("lut", ("shared", "register", "pair", "prmt"), "source", "NF4T_LUT",
+             help="the 16-entry code in shared memory, a select tree in registers, a 256-entry table of "
+                  "code pairs (one lookup per byte), replicated per lane phase (32 KiB), or (mma-ks) the codes "
+                  "as 16-bit byte tables in registers, four nibbles per byte permute (no memory)"),
         Knob("astage", ("global", "shared"), "source", "NF4T_ASTAGE", label="A:{}",
              help="A read per step from global memory (L1/L2), or staged once per CTA in shared memory"),
         Knob("scale", ("value", "block"), "source", "NF4T_SCALE", label="s:{}",
@@ -362,6 +369,7 @@ class MatmulFamily(Family):
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "scale", "dtype"), _path_shape),
         Constraint(("mma", "mtile", "m"), _tile_fits_batch),
         Constraint(("mma", "prefetch"), _prefetch_simt),
+        Constraint(("mma", "lut"), _lut_path),
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "warps", "astage", "unroll", "persist",
                     "prefetch", "stages"), _ks_shape),
     )
@@ -372,7 +380,7 @@ class MatmulFamily(Family):
         "simt: mtile <= the batch bucket m; mma, mma-ks: mtile 8 when m <= 8",
         "mma-ks: rows_per_warp 16/32 (rows per CTA), mtile 8/16, scale block, A global, dtype bf16/fp16, "
         "warps*rows*mtile <= 2048, loads in flight <= 128 registers, the ring (stages) <= 160 KiB and without "
-        "prefetch; unroll, persist and stages only here",
+        "prefetch; unroll, persist, stages and lut prmt only here",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
