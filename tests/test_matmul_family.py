@@ -61,7 +61,7 @@ def test_paths_and_constraints():
     with pytest.raises(InvalidConfig, match="reduction buffer"):
         MM.config(**dict(ks, rows_per_warp=32, mtile=16, m=16), warps=8, load_bytes=4)
     # the shared-memory ring: K-split only, replaces the register prefetch, groups of 1 or 2 windows
-    assert MM.config(**ks, stages=8, load_bytes=16, unroll=2).stages == 8
+    assert MM.config(**ks, stages=4, load_bytes=16, unroll=2).stages == 4
     with pytest.raises(InvalidConfig, match="knobs of the K-split"):
         MM.config(stages=4, m=1)
     with pytest.raises(InvalidConfig, match="replaces the register prefetch"):
@@ -74,16 +74,16 @@ def test_ring_registers_and_shared_memory():
     from tuner.families.matmul import ks_registers, ring_bytes
 
     # registers: W and the statistics are in the ring; A for two groups
-    assert ks_registers(16, 16, 8, 1, 0, stages=8) == 2 * 16
+    assert ks_registers(16, 16, 8, 1, 0, stages=4) == 2 * 16
     assert ks_registers(16, 16, 8, 1, 0) == 2 * 4 + 4 + 16        # W in registers: W, stats, A
     # shared memory per warp: stages x windows per group x row tiles x 2 row halves x 32 lanes x
     # (load bytes of W + 8 bytes of statistics)
-    assert ring_bytes(16, 16, 1, 8, 8) == 8 * 8 * 1 * 1 * 2 * 32 * (16 + 8) == 96 * 1024
+    assert ring_bytes(16, 16, 1, 4, 8) == 8 * 4 * 1 * 1 * 2 * 32 * (16 + 8) == 48 * 1024
     ring = MM.config(mma="mma-ks", load_bytes=16, rows_per_warp=16, mtile=8, warps=8, scale="block", lut="pair",
-                     stages=8, m=1)
+                     stages=4, m=1)
     h200 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
     p = MatmulPlan(ring, 1, 4096, 4096, 64, 256, h200, device="cpu")
-    assert p.smem == 8 * 8 * 16 * 4 + 96 * 1024          # partial sums, then the ring (opt-in above 48 KiB)
+    assert p.smem == 8 * 8 * 16 * 4 + 48 * 1024          # partial sums, then the ring (opt-in above 48 KiB)
     with pytest.raises(UnsupportedInput, match="exceed the device's"):
         MatmulPlan(ring, 1, 4096, 4096, 64, 256, LIMITS, device="cpu")    # a device without the opt-in
 

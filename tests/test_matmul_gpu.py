@@ -47,13 +47,13 @@ CONFIGS = [
              lut="register", unroll=4, persist=1, wload="plain")),
     (16, dict(mma="mma-ks", load_bytes=8, rows_per_warp=16, mtile=16, warps=4, ksplit=1, scale="block", lut="pair",
               unroll=2, prefetch=1, persist=1)),
-    # ... W staged through the shared-memory ring (cp.async): every copy width, shallow and deep rings,
-    # evict-first and plain copies, groups of two windows, persistent CTAs, split-K; the deep ones
-    # need more than 48 KiB of dynamic shared memory (opt-in)
+    # ... W and its statistics staged through the shared-memory ring (cp.async): every copy width,
+    # evict-first and plain copies, groups of two windows, persistent CTAs, split-K; the first needs
+    # more than 48 KiB of shared memory (opt-in)
     (1, dict(mma="mma-ks", load_bytes=16, rows_per_warp=16, mtile=8, warps=8, ksplit=1, scale="block", lut="pair",
-             stages=8)),
+             stages=4)),
     (1, dict(mma="mma-ks", load_bytes=8, rows_per_warp=32, mtile=8, warps=4, ksplit=2, scale="block", lut="shared",
-             stages=2, unroll=2, wload="plain")),
+             stages=4, unroll=2, wload="plain")),
     (8, dict(mma="mma-ks", load_bytes=4, rows_per_warp=16, mtile=8, warps=4, ksplit=1, scale="block",
              lut="register", stages=4, persist=1)),
     (32, dict(mma="mma-ks", load_bytes=16, rows_per_warp=32, mtile=16, warps=4, ksplit=4, scale="block", lut="pair",

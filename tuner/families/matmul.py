@@ -358,7 +358,7 @@ class MatmulFamily(Family):
              help="mma-ks: windows of K whose loads are all issued before the first is used"),
         Knob("persist", (0, 1), "source", "NF4T_PERSIST", label="p{}",
              help="mma-ks: a few CTAs per SM loop over the row tiles (tables filled once per CTA)"),
-        Knob("stages", (0, 2, 4, 8), "source", "NF4T_STAGES", label="st{}",
+        Knob("stages", (0, 4), "source", "NF4T_STAGES", label="st{}",
              help="mma-ks: 0 loads W into registers; N stages W through a per-warp shared-memory ring by "
                   "cp.async, N groups deep (bytes in flight bound by shared memory, not registers)"),
         Knob("dtype", DTYPES, "problem", "NF4T_ACT", help="activation (and output) dtype"),
