@@ -28,21 +28,22 @@ def test_graph_replay_of_bnb_gives_its_output_and_its_time(seed):
     replay()
     torch.cuda.synchronize()
     assert mismatch_report(full.output, want) is None
-    # direct launches are what host stalls disturb (seen on the H200: 35-128 us for a 28 us call);
-    # the comparison needs one undisturbed direct measurement, so up to three are taken
-    for _ in range(3):
-        samples = measure_interleaved({"graph": Graphed(full, full.output), "direct": full}, min_reps=40,
-                                      time_cap_s=4.0)
-        g, d = samples["graph"], samples["direct"]
-        if d.rel_iqr <= 0.1:
-            break
+    # direct launches are what host stalls disturb (seen on the H200: 35-128 us for a 28 us call,
+    # and on a busy host every other direct sample 45-90 us): the undisturbed direct time is the
+    # lower quartile of the direct samples, which holds while at least a quarter of them are clean
+    samples = measure_interleaved({"graph": Graphed(full, full.output), "direct": full}, min_reps=60,
+                                  time_cap_s=4.0)
+    g, d = samples["graph"], samples["direct"]
     assert g.mode == "graph" and g.note == "" and d.mode == "direct"
-    assert d.rel_iqr <= 0.1, f"direct timing disturbed in three measurements: {d}"
-    # replays remove only the gaps between bnb's launches: the same time within the noise, never
-    # more, and not so much less that something was left out of the graph
-    noise = max(3 * max(g.rel_iqr, d.rel_iqr), 0.05)
+    assert g.rel_iqr <= 0.1, f"graph replays are not steady: {g}"
+    clean = sorted(d.us)[len(d.us) // 4]
+    # replays remove only the host and the gaps between bnb's launches: never slower than direct
+    # launches, as fast as the clean ones within the noise, and not so much faster that something
+    # was left out of the graph
+    noise = max(3 * g.rel_iqr, 0.05)
     assert g.median <= d.median * (1 + noise), (g.median, d.median)
-    assert g.median >= 0.8 * d.median, (g.median, d.median)
+    assert g.median <= clean * (1 + noise), (g.median, clean, d)
+    assert g.median >= 0.8 * clean, (g.median, clean)
 
 
 def test_a_host_stall_between_launches_enters_direct_timing_only(seed):
