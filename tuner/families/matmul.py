@@ -197,6 +197,7 @@ class MatmulPlan:
             raise UnsupportedInput(f"{c.short()}: {registers} registers x {threads} threads exceeds the "
                                    f"{limits.regs_per_sm} registers of an SM; the block cannot launch")
         self.config = c
+        self.ring = c.stages > 0            # statistics copied in aligned 4-byte words (check_stats)
         self.M, self.N, self.K = M, N, K
         self.blocksize, self.groupsize = blocksize, groupsize
         if c.mma == "mma-ks":
@@ -271,7 +272,7 @@ class MatmulPlan:
 
     def check_stats(self, stats: tuple) -> None:
         """The ring copies the statistics in aligned 4-byte words: their pointers must be 4-byte aligned."""
-        if getattr(self.config, "stages", 0) and any(p % 4 for p in stats[:4]):
+        if self.ring and any(p % 4 for p in stats[:4]):
             raise UnsupportedInput("the statistics (absmax, nested code and absmax) must be 4-byte aligned for "
                                    "the shared-memory ring")
 
