@@ -54,6 +54,10 @@
 //   NF4T_STAGES  mma-ks: 0 W goes global -> registers (NF4T_PREFETCH decides how far ahead); N > 0:
 //                W goes global -> shared memory by cp.async, in a per-warp ring N groups deep, so the
 //                bytes in flight per SM are bound by shared memory (228 KiB) instead of registers.
+//   NF4T_FEED    mma-ks with NF4T_STAGES > 0: 0 lanes: each lane copies its own bytes (and their
+//                statistics) into its warp's ring; 1 bulk: a producer warp (one more per CTA) copies
+//                each chunk's rows with cp.async.bulk into a ring the CTA's warps share, guarded by
+//                mbarriers (sm_90 and newer): one instruction per row and chunk instead of one per lane.
 //   NF4T_ACT     0 bf16, 1 fp16, 2 fp32 activations (and output, bias)
 //   NF4T_QUANT   0 nf4, 1 fp4
 // Launch knobs (not macros): threads per CTA (WARPS x 32, read as blockDim.x) and the split-K
@@ -338,22 +342,34 @@ __device__ __forceinline__ void emit(float v, u32 m, u32 n, u32 N, const act_t* 
     }
 }
 
-// Split-K: the last CTA of this (row tile, m tile) finishes it. Every thread of the CTA calls this.
+// The threads that compute and write y: all of the CTA's, but the producer warp of the bulk feed
+// (NF4T_FEED 1, the CTA's last warp), which only copies W and takes no part in the epilogue.
+__device__ __forceinline__ u32 work_threads() { return blockDim.x - 32u * NF4T_FEED; }
+__device__ __forceinline__ void work_sync() {
+#if NF4T_FEED == 1
+    asm volatile("bar.sync 1, %0;" ::"r"(work_threads()) : "memory");
+#else
+    __syncthreads();
+#endif
+}
+
+// Split-K: the last CTA of this (row tile, m tile) finishes it. Every working thread of the CTA
+// calls this.
 __device__ __forceinline__ void finish_split(u32 tile, u32 row_first, u32 rows, u32 m_first, u32 mrows, u32 N,
                                              const act_t* __restrict__ bias, act_t* __restrict__ out,
                                              float* __restrict__ ws, u32* __restrict__ counters) {
     __shared__ u32 last;
     __threadfence();
-    __syncthreads();
+    work_sync();
     if (threadIdx.x == 0) {
         const u32 prev = atomicAdd(counters + tile, 1u);
         last = (prev == gridDim.y - 1);
         if (last) counters[tile] = 0u;
     }
-    __syncthreads();
+    work_sync();
     if (!last) return;
     __threadfence();
-    for (u32 i = threadIdx.x; i < rows * mrows; i += blockDim.x) {
+    for (u32 i = threadIdx.x; i < rows * mrows; i += work_threads()) {
         const u32 m = m_first + i / rows, n = row_first + i % rows;
         float* p = ws + (u64)m * N + n;
         float v = __ldcg(p);
@@ -832,30 +848,47 @@ __device__ __forceinline__ void ks_load_a(u32 (&a)[NF4T_U][NF4T_NT][NF4T_LOAD], 
     }
 }
 
+// the raw statistics of the group's runs (zero past N or the slice's K)
+__device__ __forceinline__ void ks_load_stats(ScaleRaw (&raw)[NF4T_U][NF4T_RT][2], const Scales& s, u32 row0,
+                                              u32 N, u32 K, u32 k_end, u32 g, u32 t, u32 kw, u32 kstep) {
+#pragma unroll
+    for (int u = 0; u < NF4T_U; ++u) {
+        const u32 k = kw + u * kstep + t * NF4T_RUN;
+#pragma unroll
+        for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32 n = row0 + rt * 16 + g + 8 * h;
+                if (k < k_end && n < N) {
+                    raw[u][rt][h] = scale_load(s, n * K + k);
+                } else {
+                    raw[u][rt][h].q = 0u;
+                    raw[u][rt][h].a = 0.0f;
+                }
+            }
+    }
+}
+
 __device__ __forceinline__ void ks_load(KsGroup& G, const act_t* __restrict__ A, const u8* __restrict__ B,
                                         const Scales& s, u32 row0, u32 N, u32 K, u32 k_end, u32 m0, u32 mrows,
                                         u32 g, u32 t, u32 kw, u32 kstep) {
 #pragma unroll
     for (int u = 0; u < NF4T_U; ++u) {
         const u32 k = kw + u * kstep + t * NF4T_RUN;
-        const bool in_k = k < k_end;
 #pragma unroll
-        for (int rt = 0; rt < NF4T_RT; ++rt) {
+        for (int rt = 0; rt < NF4T_RT; ++rt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const u32 n = row0 + rt * 16 + g + 8 * h;
-                if (in_k && n < N) {
+                if (k < k_end && n < N) {
                     load_w(B + (((u64)n * K + k) >> 1), G.w[u][rt][h]);
-                    G.raw[u][rt][h] = scale_load(s, n * K + k);
                 } else {
 #pragma unroll
                     for (int i = 0; i < NF4T_WWORDS; ++i) G.w[u][rt][h][i] = 0u;
-                    G.raw[u][rt][h].q = 0u;
-                    G.raw[u][rt][h].a = 0.0f;
                 }
             }
-        }
     }
+    ks_load_stats(G.raw, s, row0, N, K, k_end, g, t, kw, kstep);
     ks_load_a(G.a, A, K, k_end, m0, mrows, g, t, kw, kstep);
 }
 
@@ -1073,6 +1106,219 @@ __device__ __forceinline__ void ks_compute(const KsGroup& G, float (&acc)[NF4T_R
     }
 }
 
+// the warps' sums of a tile, added in warp order; the bias, the rounding and y (or the split-K workspace)
+__device__ __forceinline__ void ks_epilogue(const float (&acc)[NF4T_RT][NF4T_NT][4], float* red, u32 warp, u32 warps,
+                                            u32 g, u32 t, u32 row0, u32 tile, u32 tiles, u32 m0, u32 mrows, u32 N,
+                                            const act_t* __restrict__ bias, act_t* __restrict__ out,
+                                            float* __restrict__ ws, u32* __restrict__ counters) {
+#pragma unroll
+    for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+        for (int nt = 0; nt < NF4T_NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const u32 nl = rt * 16 + g + (i >= 2 ? 8 : 0), ml = nt * 8 + 2 * t + (i & 1);
+                red[(warp * NF4T_MTILE + ml) * NF4T_RPW + nl] = acc[rt][nt][i];
+            }
+    work_sync();
+    for (u32 idx = threadIdx.x; idx < NF4T_RPW * NF4T_MTILE; idx += work_threads()) {
+        const u32 ml = idx / NF4T_RPW, nl = idx % NF4T_RPW, n = row0 + nl;
+        if (n < N && ml < mrows) {
+            float v = 0.0f;
+            for (u32 w = 0; w < warps; ++w) v += red[(w * NF4T_MTILE + ml) * NF4T_RPW + nl];
+            emit(v, m0 + ml, n, N, bias, out, ws);
+        }
+    }
+    if (ws != nullptr)
+        finish_split(blockIdx.z * tiles + tile, row0, min((u32)NF4T_RPW, N - row0), m0, mrows, N, bias, out, ws,
+                     counters);
+    else
+        work_sync();      // red is written again by the next tile
+}
+
+#if NF4T_FEED == 1
+// ---- the bulk feed (NF4T_FEED 1): a producer warp (the CTA's last) streams W into a ring of
+// NF4T_STAGES chunks shared by the CTA's consumer warps. A chunk is the tile's RPW rows x KC values of
+// K (KC = consumer warps x NF4T_U windows: consumer warp w takes windows u*WARPS + w of each chunk, as
+// the register path takes its groups); each row's KC/2 bytes are contiguous in B and arrive by one
+// cp.async.bulk (the copy engine, not the lanes: one instruction per row and chunk), completing on the
+// stage's "full" mbarrier (transaction bytes). The consumers wait on it, read their runs of W from
+// shared memory, release the stage on its "empty" mbarrier (one arrival per warp) and compute; the
+// producer waits on "empty" before it refills a stage. A row's bytes sit at a stride of KC/2 rounded
+// up to 128 plus 4*LOAD, so the rows of a load phase hit distinct banks. The statistics and A, small,
+// go to registers one chunk ahead. Bytes past N or past the slice's K are never copied: a stage keeps
+// whatever it held there, which decodes to finite codes that multiply zeros of A (or feed rows whose
+// results are never written).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "the bulk feed (cp.async.bulk, mbarrier transaction counts) needs sm_90 or newer"
+#endif
+__shared__ __align__(8) u64 nf4t_bars[2 * NF4T_STAGES];   // full[0..S), empty[0..S)
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// NF4T_WLOAD 1 (stream): W carries an L2 evict-first policy (read once; A and the statistics stay)
+__device__ __forceinline__ void bulk_copy(u32 dst, const u8* src, u32 bytes, u32 bar) {
+#if NF4T_WLOAD == 1
+    u64 pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, "
+                 "[%3], %4;" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol) : "memory");
+#else
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+#endif
+}
+
+// this lane's runs of W of one chunk, from its stage
+__device__ __forceinline__ void bulk_read(u32 (&w)[NF4T_U][NF4T_RT][2][NF4T_WWORDS], u32 stage, u32 rowb, u32 g,
+                                          u32 t, u32 warp, u32 warps) {
+#pragma unroll
+    for (int u = 0; u < NF4T_U; ++u)
+#pragma unroll
+        for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32 src = stage + (rt * 16 + g + 8 * h) * rowb +
+                                (((u * warps + warp) * NF4T_WIN + t * NF4T_RUN) >> 1);
+#if NF4T_LOAD == 16
+                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(w[u][rt][h][0]), "=r"(w[u][rt][h][1]), "=r"(w[u][rt][h][2]), "=r"(w[u][rt][h][3])
+                             : "r"(src) : "memory");
+#elif NF4T_LOAD == 8
+                asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(w[u][rt][h][0]), "=r"(w[u][rt][h][1])
+                             : "r"(src) : "memory");
+#else
+                asm volatile("ld.shared.u32 %0, [%1];" : "=r"(w[u][rt][h][0]) : "r"(src) : "memory");
+#endif
+            }
+}
+
+extern "C" __global__ void
+nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
+            const u8* __restrict__ absmax_q, const float* __restrict__ code2, const float* __restrict__ absmax2,
+            const float* __restrict__ absmax_f, const float* __restrict__ offset_ptr,
+            const act_t* __restrict__ bias, act_t* __restrict__ out, float* __restrict__ ws,
+            u32* __restrict__ counters, u32 M, u32 N, u32 K, u32 log2_bs, u32 log2_g, u32 kper) {
+    Scales s;
+    s.absmax_q = absmax_q; s.code2 = code2; s.absmax2 = absmax2; s.absmax_f = absmax_f;
+    s.offset = offset_ptr != nullptr ? __ldg(offset_ptr) : 0.0f;
+    s.log2_bs = log2_bs; s.log2_g = log2_g;
+
+    const u32 warps = (blockDim.x >> 5) - 1;                  // consumer warps; warp `warps` copies
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 g = lane >> 2, t = lane & 3, lane4 = lane << 2;
+    const u32 m0 = blockIdx.z * NF4T_MTILE;
+    const u32 mrows = min((u32)NF4T_MTILE, M - m0);
+    const u32 k_begin = blockIdx.y * kper;
+    const u32 k_end = min(K, k_begin + kper);
+    const u32 nb = ((NF4T_WIN - 1) >> log2_bs) + 1;
+    const u32 sub = (t * NF4T_RUN) >> log2_bs;
+    const u32 kstep = warps * NF4T_WIN;
+    const u32 kc = NF4T_U * kstep;                             // K per chunk
+    const u32 rowb = (((kc >> 1) + 127u) & ~127u) + 4u * NF4T_LOAD;
+    const u32 stage_bytes = NF4T_RPW * rowb;
+    const u32 tiles = (N + NF4T_RPW - 1) / NF4T_RPW;
+    const u32 tstep = NF4T_PERSIST ? gridDim.x : tiles;
+    float* red = reinterpret_cast<float*>(nf4t_dyn);          // [warps][MTILE][RPW]
+    const u32 ring = (u32)__cvta_generic_to_shared(nf4t_dyn + warps * NF4T_MTILE * NF4T_RPW * 4);
+    const u32 full = (u32)__cvta_generic_to_shared(nf4t_bars), empty = full + 8u * NF4T_STAGES;
+
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int i = 0; i < NF4T_STAGES; ++i) {
+            mbar_init(full + 8u * i, 1u);
+            mbar_init(empty + 8u * i, warps);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    ks_tables();
+    if (code2 != nullptr)
+        for (u32 i = threadIdx.x; i < 256; i += blockDim.x) nf4t_code2[i] = __ldg(code2 + i);
+    __syncthreads();
+
+    if (warp == warps) {
+        // the producer: every (tile, chunk) in the consumers' order, one row per lane
+        u32 it = 0;
+        for (u32 tile = blockIdx.x; tile < tiles; tile += tstep) {
+            const u32 row0 = tile * NF4T_RPW, rows = min((u32)NF4T_RPW, N - row0);
+            for (u32 kc0 = k_begin; kc0 < k_end; kc0 += kc, ++it) {
+                const u32 st = it % NF4T_STAGES;
+                if (it >= NF4T_STAGES) mbar_wait(empty + 8u * st, ((it / NF4T_STAGES) & 1u) ^ 1u);
+                const u32 bytes = min(kc, k_end - kc0) >> 1;
+                if (lane == 0) mbar_expect(full + 8u * st, bytes * rows);
+                __syncwarp();
+                for (u32 r = lane; r < rows; r += 32)
+                    bulk_copy(ring + st * stage_bytes + r * rowb, B + (((u64)(row0 + r) * K + kc0) >> 1), bytes,
+                              full + 8u * st);
+            }
+        }
+        return;
+    }
+
+    // the consumers
+    ScaleRaw raw_next[NF4T_U][NF4T_RT][2];
+    u32 a_next[NF4T_U][NF4T_NT][NF4T_LOAD];
+    u32 tile = blockIdx.x;
+    if (tile < tiles) {
+        ks_load_stats(raw_next, s, tile * NF4T_RPW, N, K, k_end, g, t, k_begin + warp * NF4T_WIN, kstep);
+        ks_load_a(a_next, A, K, k_end, m0, mrows, g, t, k_begin + warp * NF4T_WIN, kstep);
+    }
+    u32 it = 0;
+    for (; tile < tiles; tile += tstep) {
+        const u32 row0 = tile * NF4T_RPW;
+        float acc[NF4T_RT][NF4T_NT][4];
+#pragma unroll
+        for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+            for (int nt = 0; nt < NF4T_NT; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
+        for (u32 kc0 = k_begin; kc0 < k_end; kc0 += kc, ++it) {
+            KsGroup G;
+#pragma unroll
+            for (int u = 0; u < NF4T_U; ++u) {
+#pragma unroll
+                for (int rt = 0; rt < NF4T_RT; ++rt) {
+                    G.raw[u][rt][0] = raw_next[u][rt][0];
+                    G.raw[u][rt][1] = raw_next[u][rt][1];
+                }
+#pragma unroll
+                for (int nt = 0; nt < NF4T_NT; ++nt)
+#pragma unroll
+                    for (int q = 0; q < NF4T_LOAD; ++q) G.a[u][nt][q] = a_next[u][nt][q];
+            }
+            // the next chunk's statistics and A (the next tile's first, after the last chunk)
+            u32 ntile = tile, nkc = kc0 + kc;
+            if (nkc >= k_end) { ntile += tstep; nkc = k_begin; }
+            if (ntile < tiles) {
+                ks_load_stats(raw_next, s, ntile * NF4T_RPW, N, K, k_end, g, t, nkc + warp * NF4T_WIN, kstep);
+                ks_load_a(a_next, A, K, k_end, m0, mrows, g, t, nkc + warp * NF4T_WIN, kstep);
+            }
+            const u32 st = it % NF4T_STAGES;
+            mbar_wait(full + 8u * st, (it / NF4T_STAGES) & 1u);
+            bulk_read(G.w, ring + st * stage_bytes, rowb, g, t, warp, warps);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty + 8u * st);
+            ks_compute(G, acc, s, nb, sub, lane, lane4);
+        }
+        ks_epilogue(acc, red, warp, warps, g, t, row0, tile, tiles, m0, mrows, N, bias, out, ws, counters);
+    }
+}
+#else
 extern "C" __global__ void
 nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
             const u8* __restrict__ absmax_q, const float* __restrict__ code2, const float* __restrict__ absmax2,
@@ -1187,30 +1433,8 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
         }
 #endif
 
-        // the warps' sums, added in warp order
-#pragma unroll
-        for (int rt = 0; rt < NF4T_RT; ++rt)
-#pragma unroll
-            for (int nt = 0; nt < NF4T_NT; ++nt)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const u32 nl = rt * 16 + g + (i >= 2 ? 8 : 0), ml = nt * 8 + 2 * t + (i & 1);
-                    red[(warp * NF4T_MTILE + ml) * NF4T_RPW + nl] = acc[rt][nt][i];
-                }
-        __syncthreads();
-        for (u32 idx = threadIdx.x; idx < NF4T_RPW * NF4T_MTILE; idx += blockDim.x) {
-            const u32 ml = idx / NF4T_RPW, nl = idx % NF4T_RPW, n = row0 + nl;
-            if (n < N && ml < mrows) {
-                float v = 0.0f;
-                for (u32 w = 0; w < warps; ++w) v += red[(w * NF4T_MTILE + ml) * NF4T_RPW + nl];
-                emit(v, m0 + ml, n, N, bias, out, ws);
-            }
-        }
-        if (ws != nullptr)
-            finish_split(blockIdx.z * tiles + tile, row0, min((u32)NF4T_RPW, N - row0), m0, mrows, N, bias, out, ws,
-                         counters);
-        else
-            __syncthreads();      // red is written again by the next tile
+        ks_epilogue(acc, red, warp, warps, g, t, row0, tile, tiles, m0, mrows, N, bias, out, ws, counters);
     }
 }
+#endif   // NF4T_FEED
 #endif

@@ -88,6 +88,51 @@ def test_ring_registers_and_shared_memory():
         MatmulPlan(ring, 1, 4096, 4096, 64, 256, LIMITS, device="cpu")    # a device without the opt-in
 
 
+def test_bulk_feed_constraints_registers_and_shared_memory():
+    from tuner.families.matmul import bulk_ring_bytes, bulk_row_bytes, ks_registers
+
+    ks = dict(mma="mma-ks", rows_per_warp=32, mtile=8, scale="block", load_bytes=8, warps=8, unroll=2, m=1)
+    assert MM.config(**ks, stages=4, feed="bulk").feed == "bulk"
+    with pytest.raises(InvalidConfig, match="it needs stages"):
+        MM.config(**ks, feed="bulk")
+    with pytest.raises(InvalidConfig, match="knobs of the K-split"):
+        MM.config(feed="bulk", m=1)
+    # registers: one group's W read back, A and the statistics for two groups
+    assert ks_registers(8, 32, 8, 2, 0, stages=4, feed="bulk") == 2 * (2 * 2 * 2 + 2 * (2 * 4 + 8))
+    # a chunk row: 8 warps x 2 windows x 64 values = 512 bytes (a multiple of 128), plus 4 x 8
+    assert bulk_row_bytes(8, 8, 2) == 512 + 32
+    assert bulk_row_bytes(4, 1, 1) == 128 + 16                     # 16 bytes rounded up to 128
+    assert bulk_ring_bytes(8, 32, 2, 4, 8) == 4 * 32 * 544
+    # the rows of one shared-memory load phase (32 lanes x load bytes / 128: 8, 4 or 2 rows, each
+    # 4 x load bytes wide) start in distinct 4 x load-byte slices of the 128 banks' bytes
+    for load in (4, 8, 16):
+        rows_per_phase = 128 // (4 * load)
+        for warps, unroll in itertools.product((1, 2, 4, 8), (1, 2)):
+            rb = bulk_row_bytes(load, warps, unroll)
+            assert rb % 16 == 0                                      # cp.async.bulk destinations
+            starts = {(r * rb) % 128 // (4 * load) for r in range(rows_per_phase)}
+            assert len(starts) == rows_per_phase, (load, warps, unroll)
+    # the plan: one more warp (the producer), the ring after the partial sums
+    c = MM.config(**ks, stages=4, feed="bulk", lut="pair")
+    h200 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
+    p = MatmulPlan(c, 1, 8192, 8192, 64, 256, h200, device="cpu")
+    assert p.block == 32 * 9
+    assert p.smem == 8 * 8 * 32 * 4 + 4 * 32 * 544
+    assert not p.ring                          # statistics are read from global memory: no alignment rule
+    with pytest.raises(UnsupportedInput, match="exceed the device's"):
+        MatmulPlan(c, 1, 8192, 8192, 64, 256, LIMITS, device="cpu")
+
+
+def test_bulk_feed_compiles_for_hopper_and_says_why_not_for_ampere(compile_cache):
+    from tuner.kernel.compiler import CompileError, compile_config
+
+    c = MM.config(mma="mma-ks", rows_per_warp=32, mtile=8, scale="block", load_bytes=8, warps=8, unroll=2,
+                  lut="pair", stages=4, feed="bulk", m=1)
+    assert compile_config(c, "sm_90", cache_dir=compile_cache).registers
+    with pytest.raises(CompileError, match="needs sm_90 or newer"):
+        compile_config(c, "sm_80", cache_dir=compile_cache)
+
+
 @pytest.mark.parametrize("m", M_BUCKETS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 def test_builtin_defaults_and_presets_are_points_of_the_space(m, dtype):

@@ -63,6 +63,17 @@ CONFIGS = [
              unroll=2)),
     (16, dict(mma="mma-ks", load_bytes=16, rows_per_warp=16, mtile=16, warps=4, ksplit=2, scale="block", lut="prmt",
               stages=4)),
+    # ... the bulk feed (a producer warp, cp.async.bulk, mbarriers): every load width, groups of one
+    # and two windows, evict-first and plain copies, split-K (the epilogue without the producer),
+    # persistent CTAs, both batch tiles, every LUT
+    (1, dict(mma="mma-ks", load_bytes=8, rows_per_warp=32, mtile=8, warps=8, ksplit=1, scale="block", lut="pair",
+             unroll=2, stages=4, feed="bulk")),
+    (1, dict(mma="mma-ks", load_bytes=16, rows_per_warp=16, mtile=8, warps=4, ksplit=2, scale="block",
+             lut="shared", stages=4, feed="bulk", wload="plain")),
+    (8, dict(mma="mma-ks", load_bytes=4, rows_per_warp=16, mtile=8, warps=8, ksplit=1, scale="block",
+             lut="register", stages=4, feed="bulk", persist=1)),
+    (16, dict(mma="mma-ks", load_bytes=16, rows_per_warp=32, mtile=16, warps=4, ksplit=4, scale="block", lut="prmt",
+              unroll=2, stages=4, feed="bulk")),
 ]
 
 
@@ -81,7 +92,8 @@ def test_every_path_passes_the_gate(seed, m, knobs, dtype):
 
 def test_large_k_and_the_five_target_shapes(seed):
     for n, k in ((1024, 4096), (4096, 14336), (28672, 8192)):
-        for m, knobs in ((1, CONFIGS[0][1]), (16, dict(CONFIGS[7][1], astage="global")), (1, CONFIGS[13][1])):
+        for m, knobs in ((1, CONFIGS[0][1]), (16, dict(CONFIGS[7][1], astage="global")), (1, CONFIGS[13][1]),
+                         (1, CONFIGS[20][1]), (1, CONFIGS[22][1])):
             c = MM.config(**knobs, dtype="bf16", quant="nf4", m=m)
             r = check_config(c, P(n, k, m), seed=seed)
             assert r.ok, f"{c.short()} {n}x{k}: {r.reason}"
@@ -103,7 +115,7 @@ def test_plain_absmax(seed):
     plain = replace(inputs, B=B, qs=qs, ref={})
     want = MM.expected(plain)
     for knobs in (CONFIGS[3][1], dict(CONFIGS[6][1], mtile=8), CONFIGS[9][1], CONFIGS[10][1], CONFIGS[13][1],
-                  CONFIGS[14][1], CONFIGS[17][1], dict(CONFIGS[18][1], mtile=8)):
+                  CONFIGS[14][1], CONFIGS[17][1], dict(CONFIGS[18][1], mtile=8), CONFIGS[20][1], CONFIGS[21][1]):
         c = MM.config(**knobs, m=8 if knobs.get("mma") == "mma" else 2)
         out = MM.new_output(plain)
         bind(load_kernel(c), plain, out)()

@@ -73,13 +73,16 @@ def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
     return None
 
 
-def ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch, stages=0) -> int:
+def ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch, stages=0, feed="lanes") -> int:
     """32-bit registers the K-split path holds for its loads in flight: per window, W (two rows of
     each m16 tile), the raw statistics, and the batch rows' run of A; twice that when the next
-    group is prefetched. With the shared-memory ring (``stages`` > 0) W and the statistics are in
-    shared memory: the registers hold A for two groups."""
+    group is prefetched. With the per-warp shared-memory ring (``stages`` > 0) W and the statistics
+    are in shared memory: the registers hold A for two groups. With the bulk feed W is in shared
+    memory: the registers hold one group's W read back, and A and the statistics for two groups."""
     words = max(1, load_bytes // 4)
     rt, nt = rows_per_warp // 16, mtile // 8
+    if stages and feed == "bulk":
+        return unroll * (rt * 2 * words + 2 * (rt * 4 + nt * load_bytes))
     if stages:
         return 2 * unroll * nt * load_bytes
     per_window = rt * (2 * words + 4) + nt * load_bytes
@@ -92,11 +95,26 @@ def ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps) -> int:
     return warps * stages * unroll * (rows_per_warp // 16) * 2 * 32 * (load_bytes + 8)
 
 
-def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, persist, prefetch, stages):
+def bulk_row_bytes(load_bytes, warps, unroll) -> int:
+    """The bulk feed's stride between a chunk's rows in shared memory: a row's KC/2 bytes (KC =
+    warps x unroll windows of 8 x load_bytes values) rounded up to 128, plus 4 x load_bytes so that
+    the rows of one load phase fall in distinct banks."""
+    half = warps * unroll * 4 * load_bytes
+    return -(-half // 128) * 128 + 4 * load_bytes
+
+
+def bulk_ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps) -> int:
+    """Shared memory of the bulk feed's ring: ``stages`` chunks of the CTA's rows."""
+    return stages * rows_per_warp * bulk_row_bytes(load_bytes, warps, unroll)
+
+
+def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, persist, prefetch, stages, feed):
     if mma != "mma-ks":
-        if unroll != 1 or persist or stages:
-            return "unroll, persist and stages are knobs of the K-split tensor-core path"
+        if unroll != 1 or persist or stages or feed != "lanes":
+            return "unroll, persist, stages and feed are knobs of the K-split tensor-core path"
         return None
+    if feed == "bulk" and not stages:
+        return "the bulk feed fills a shared-memory ring: it needs stages"
     if astage != "global":
         return "the K-split tensor-core path reads its run of A per window (no shared staging)"
     if warps * rows_per_warp * mtile > 2048:
@@ -105,10 +123,10 @@ def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, pers
         return "the shared-memory ring (stages) replaces the register prefetch"
     if stages and unroll > 2:
         return "the shared-memory ring takes groups of 1 or 2 windows (its depth is the stages)"
-    regs = ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch, stages)
+    regs = ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch, stages, feed)
     if regs > 128:
         return f"{regs} registers of loads in flight exceed 128"
-    ring = ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps)
+    ring = (bulk_ring_bytes if feed == "bulk" else ring_bytes)(load_bytes, rows_per_warp, unroll, stages, warps)
     if ring > 160 * 1024:
         return f"a ring of {ring} bytes exceeds 160 KiB of shared memory per CTA"
     return None
@@ -190,14 +208,14 @@ class MatmulPlan:
             raise UnsupportedInput(f"inner dimension ({K}) is not a multiple of blocksize {blocksize}: not fused")
         if N * K > MAX_WEIGHT:
             raise UnsupportedInput(f"a {N}x{K} weight exceeds the kernel's 32-bit index range")
-        threads = 32 * c.warps
+        threads = 32 * (c.warps + (c.feed == "bulk"))      # the bulk feed's producer warp
         if threads > limits.max_threads_per_block:
             raise UnsupportedInput(f"{c.short()}: {threads} threads exceed the device's {limits.max_threads_per_block}")
         if registers is not None and registers * threads > limits.regs_per_sm:
             raise UnsupportedInput(f"{c.short()}: {registers} registers x {threads} threads exceeds the "
                                    f"{limits.regs_per_sm} registers of an SM; the block cannot launch")
         self.config = c
-        self.ring = c.stages > 0            # statistics copied in aligned 4-byte words (check_stats)
+        self.ring = c.stages > 0 and c.feed == "lanes"   # statistics copied in aligned words (check_stats)
         self.M, self.N, self.K = M, N, K
         self.blocksize, self.groupsize = blocksize, groupsize
         if c.mma == "mma-ks":
@@ -214,9 +232,10 @@ class MatmulPlan:
         act_bytes = OUT_BYTES[c.dtype]
         if c.mma == "mma-ks":
             # the warps' partial sums, then the ring
-            self.smem = c.warps * c.mtile * c.rows_per_warp * 4 + ring_bytes(c.load_bytes, c.rows_per_warp,
-                                                                             c.unroll, c.stages, c.warps)
-            static = 64 + 1024 + (256 * 32 * 4 if c.lut == "pair" else 0)
+            ring = bulk_ring_bytes if c.feed == "bulk" else ring_bytes
+            self.smem = c.warps * c.mtile * c.rows_per_warp * 4 + ring(c.load_bytes, c.rows_per_warp, c.unroll,
+                                                                       c.stages, c.warps)
+            static = 64 + 1024 + 16 * c.stages + (256 * 32 * 4 if c.lut == "pair" else 0)
             if self.smem + static > limits.smem_per_block_optin:
                 raise UnsupportedInput(f"{c.short()}: {self.smem} bytes of shared memory (partial sums and ring) "
                                        f"beside {static} of tables exceed the device's "
@@ -362,6 +381,10 @@ class MatmulFamily(Family):
         Knob("stages", (0, 4), "source", "NF4T_STAGES", label="st{}",
              help="mma-ks: 0 loads W into registers; N stages W through a per-warp shared-memory ring by "
                   "cp.async, N groups deep (bytes in flight bound by shared memory, not registers)"),
+        Knob("feed", ("lanes", "bulk"), "source", "NF4T_FEED",
+             help="mma-ks with stages: lanes: each lane copies its own bytes into its warp's ring; bulk: a "
+                  "producer warp streams each chunk's rows by cp.async.bulk (sm_90+) into a ring the CTA's warps "
+                  "share, mbarrier-guarded"),
         Knob("dtype", DTYPES, "problem", "NF4T_ACT", help="activation (and output) dtype"),
         Knob("quant", QUANTS, "problem", "NF4T_QUANT", help="4-bit code: nf4 or fp4"),
         Knob("m", M_BUCKETS, "problem", label="", help="the batch bucket the config is tuned for (not in the source)"),
@@ -372,7 +395,7 @@ class MatmulFamily(Family):
         Constraint(("mma", "prefetch"), _prefetch_simt),
         Constraint(("mma", "lut"), _lut_path),
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "warps", "astage", "unroll", "persist",
-                    "prefetch", "stages"), _ks_shape),
+                    "prefetch", "stages", "feed"), _ks_shape),
     )
     constraint_text = (
         "mma: load_bytes 16, rows_per_warp 16/32/64, mtile 8/16, scale value, dtype bf16/fp16",
@@ -381,11 +404,12 @@ class MatmulFamily(Family):
         "simt: mtile <= the batch bucket m; mma, mma-ks: mtile 8 when m <= 8",
         "mma-ks: rows_per_warp 16/32 (rows per CTA), mtile 8/16, scale block, A global, dtype bf16/fp16, "
         "warps*rows*mtile <= 2048, loads in flight <= 128 registers, the ring (stages) <= 160 KiB and without "
-        "prefetch; unroll, persist, stages and lut prmt only here",
+        "prefetch; the bulk feed with stages; unroll, persist, stages, feed and lut prmt only here",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
-                    astage="global", scale="block", wload="stream", prefetch=0, unroll=1, persist=0, stages=0, dtype="bf16",
+                    astage="global", scale="block", wload="stream", prefetch=0, unroll=1, persist=0, stages=0, feed="lanes",
+                    dtype="bf16",
                     quant="nf4", m=1)
     presets = {
         # bnb's gemm_4bit_simt: one warp per row, 4 warps per CTA, 32 values per lane per step
@@ -393,7 +417,8 @@ class MatmulFamily(Family):
                          astage="global", scale="value", wload="plain", prefetch=0),
     }
     refine_order = ("ksplit", "warps", "rows_per_warp", "prefetch", "wload", "scale", "load_bytes", "mtile", "mma",
-                    "lut", "astage", "unroll", "persist", "stages")
+                    "lut", "astage", "unroll", "persist", "stages",
+                    "feed")
     peer_label = REF_BNB_MATMUL
     ceiling_label = REF_READ
     problem_knobs = {"dtype": "dtype", "quant": "quant", "m": "m"}
