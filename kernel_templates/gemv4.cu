@@ -848,7 +848,8 @@ __device__ __forceinline__ void ks_load_a(u32 (&a)[NF4T_U][NF4T_NT][NF4T_LOAD], 
     }
 }
 
-// the raw statistics of the group's runs (zero past N or the slice's K)
+// the raw statistics of the group's runs (zero past N or the slice's K): the bulk feed's consumers.
+// (ks_load interleaves them with W's loads: the register path's schedule depends on that order.)
 __device__ __forceinline__ void ks_load_stats(ScaleRaw (&raw)[NF4T_U][NF4T_RT][2], const Scales& s, u32 row0,
                                               u32 N, u32 K, u32 k_end, u32 g, u32 t, u32 kw, u32 kstep) {
 #pragma unroll
@@ -875,20 +876,24 @@ __device__ __forceinline__ void ks_load(KsGroup& G, const act_t* __restrict__ A,
 #pragma unroll
     for (int u = 0; u < NF4T_U; ++u) {
         const u32 k = kw + u * kstep + t * NF4T_RUN;
+        const bool in_k = k < k_end;
 #pragma unroll
-        for (int rt = 0; rt < NF4T_RT; ++rt)
+        for (int rt = 0; rt < NF4T_RT; ++rt) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const u32 n = row0 + rt * 16 + g + 8 * h;
-                if (k < k_end && n < N) {
+                if (in_k && n < N) {
                     load_w(B + (((u64)n * K + k) >> 1), G.w[u][rt][h]);
+                    G.raw[u][rt][h] = scale_load(s, n * K + k);
                 } else {
 #pragma unroll
                     for (int i = 0; i < NF4T_WWORDS; ++i) G.w[u][rt][h][i] = 0u;
+                    G.raw[u][rt][h].q = 0u;
+                    G.raw[u][rt][h].a = 0.0f;
                 }
             }
+        }
     }
-    ks_load_stats(G.raw, s, row0, N, K, k_end, g, t, kw, kstep);
     ks_load_a(G.a, A, K, k_end, m0, mrows, g, t, kw, kstep);
 }
 

@@ -72,8 +72,8 @@ CONFIGS = [
              lut="shared", stages=4, feed="bulk", wload="plain")),
     (8, dict(mma="mma-ks", load_bytes=4, rows_per_warp=16, mtile=8, warps=8, ksplit=1, scale="block",
              lut="register", stages=4, feed="bulk", persist=1)),
-    (16, dict(mma="mma-ks", load_bytes=16, rows_per_warp=32, mtile=16, warps=4, ksplit=4, scale="block", lut="prmt",
-              unroll=2, stages=4, feed="bulk")),
+    (16, dict(mma="mma-ks", load_bytes=8, rows_per_warp=32, mtile=16, warps=4, ksplit=4, scale="block", lut="prmt",
+              stages=4, feed="bulk")),
 ]
 
 
