@@ -89,38 +89,49 @@ def test_ring_registers_and_shared_memory():
 
 
 def test_bulk_feed_constraints_registers_and_shared_memory():
-    from tuner.families.matmul import bulk_ring_bytes, bulk_row_bytes, ks_registers
+    from tuner.families.matmul import bulk_ring_bytes, bulk_row_bytes, bulk_stage_bytes, ks_registers
 
     ks = dict(mma="mma-ks", rows_per_warp=32, mtile=8, scale="block", load_bytes=8, warps=8, unroll=2, m=1)
     assert MM.config(**ks, stages=4, feed="bulk").feed == "bulk"
+    assert MM.config(**ks, stages=2, feed="bulk").stages == 2
     with pytest.raises(InvalidConfig, match="it needs stages"):
         MM.config(**ks, feed="bulk")
+    with pytest.raises(InvalidConfig, match="takes 4 stages"):
+        MM.config(**ks, stages=2)
     with pytest.raises(InvalidConfig, match="knobs of the K-split"):
         MM.config(feed="bulk", m=1)
-    # registers: one group's W read back, A and the statistics for two groups
-    assert ks_registers(8, 32, 8, 2, 0, stages=4, feed="bulk") == 2 * (2 * 2 * 2 + 2 * (2 * 4 + 8))
-    # a chunk row: 8 warps x 2 windows x 64 values = 512 bytes (a multiple of 128), plus 4 x 8
+    # registers: one group read back from shared memory (W, the raw statistics, A), nothing ahead
+    assert ks_registers(8, 32, 8, 2, 0, stages=4, feed="bulk") == 2 * (2 * 2 * 2 + 2 * 4 + 8)
+    # a chunk: 8 warps x 2 windows x 64 values = 1024; W rows of 512 bytes (a multiple of 128) + 4 x 8
     assert bulk_row_bytes(8, 8, 2) == 512 + 32
     assert bulk_row_bytes(4, 1, 1) == 128 + 16                     # 16 bytes rounded up to 128
-    assert bulk_ring_bytes(8, 32, 2, 4, 8) == 4 * 32 * 544
-    # the rows of one shared-memory load phase (32 lanes x load bytes / 128: 8, 4 or 2 rows, each
+    # a stage: 32 W rows, each with 128 bytes of statistics (a float per 32 values), and one batch row
+    # of A (2048 bytes + 16); the ring adds a zero row of A (2048 bytes)
+    assert bulk_stage_bytes(8, 32, 2, 8, 1) == (32 * (544 + 128) + 2064, 2048)
+    assert bulk_ring_bytes(8, 32, 2, 4, 8, 1) == 4 * (32 * 672 + 2064) + 2048
+    # the W rows of one shared-memory load phase (32 lanes x load bytes / 128: 8, 4 or 2 rows, each
     # 4 x load bytes wide) start in distinct 4 x load-byte slices of the 128 banks' bytes
     for load in (4, 8, 16):
         rows_per_phase = 128 // (4 * load)
         for warps, unroll in itertools.product((1, 2, 4, 8), (1, 2)):
             rb = bulk_row_bytes(load, warps, unroll)
             assert rb % 16 == 0                                      # cp.async.bulk destinations
+            assert sum(bulk_stage_bytes(load, 16, unroll, warps, 8)) % 16 == 0
             starts = {(r * rb) % 128 // (4 * load) for r in range(rows_per_phase)}
             assert len(starts) == rows_per_phase, (load, warps, unroll)
-    # the plan: one more warp (the producer), the ring after the partial sums
+    # the plan: one more warp (the producer), the ring after the partial sums, A rows for the batch
     c = MM.config(**ks, stages=4, feed="bulk", lut="pair")
     h200 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
     p = MatmulPlan(c, 1, 8192, 8192, 64, 256, h200, device="cpu")
     assert p.block == 32 * 9
-    assert p.smem == 8 * 8 * 32 * 4 + 4 * 32 * 544
-    assert not p.ring                          # statistics are read from global memory: no alignment rule
+    assert p.smem == 8 * 8 * 32 * 4 + bulk_ring_bytes(8, 32, 2, 4, 8, 1)
+    assert MatmulPlan(c, 5, 8192, 8192, 64, 256, h200, device="cpu").smem == 8 * 8 * 32 * 4 + bulk_ring_bytes(
+        8, 32, 2, 4, 8, 5)
+    assert p.ring                              # statistics copied in 4-byte words: aligned pointers
     with pytest.raises(UnsupportedInput, match="exceed the device's"):
         MatmulPlan(c, 1, 8192, 8192, 64, 256, LIMITS, device="cpu")
+    with pytest.raises(UnsupportedInput, match="more than two groups"):
+        MatmulPlan(c, 1, 8192, 8192, 64, 16, h200, device="cpu")     # groups of 16 blocks: 512 values
 
 
 def test_bulk_feed_compiles_for_hopper_and_says_why_not_for_ampere(compile_cache):

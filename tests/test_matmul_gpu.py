@@ -64,14 +64,14 @@ CONFIGS = [
     (16, dict(mma="mma-ks", load_bytes=16, rows_per_warp=16, mtile=16, warps=4, ksplit=2, scale="block", lut="prmt",
               stages=4)),
     # ... the bulk feed (a producer warp, cp.async.bulk, mbarriers): every load width, groups of one
-    # and two windows, evict-first and plain copies, split-K (the epilogue without the producer),
-    # persistent CTAs, both batch tiles, every LUT
+    # and two windows, rings of 2 and 4 chunks, evict-first and plain copies, split-K (the epilogue
+    # without the producer), persistent CTAs, both batch tiles, every LUT
     (1, dict(mma="mma-ks", load_bytes=8, rows_per_warp=32, mtile=8, warps=8, ksplit=1, scale="block", lut="pair",
              unroll=2, stages=4, feed="bulk")),
     (1, dict(mma="mma-ks", load_bytes=16, rows_per_warp=16, mtile=8, warps=4, ksplit=2, scale="block",
              lut="shared", stages=4, feed="bulk", wload="plain")),
     (8, dict(mma="mma-ks", load_bytes=4, rows_per_warp=16, mtile=8, warps=8, ksplit=1, scale="block",
-             lut="register", stages=4, feed="bulk", persist=1)),
+             lut="register", stages=2, feed="bulk", persist=1)),
     (16, dict(mma="mma-ks", load_bytes=8, rows_per_warp=32, mtile=16, warps=4, ksplit=4, scale="block", lut="prmt",
               stages=4, feed="bulk")),
 ]

@@ -77,12 +77,12 @@ def ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch, stages=0, f
     """32-bit registers the K-split path holds for its loads in flight: per window, W (two rows of
     each m16 tile), the raw statistics, and the batch rows' run of A; twice that when the next
     group is prefetched. With the per-warp shared-memory ring (``stages`` > 0) W and the statistics
-    are in shared memory: the registers hold A for two groups. With the bulk feed W is in shared
-    memory: the registers hold one group's W read back, and A and the statistics for two groups."""
+    are in shared memory: the registers hold A for two groups. With the bulk feed everything is in
+    shared memory: the registers hold one group (W, the statistics and A) read back."""
     words = max(1, load_bytes // 4)
     rt, nt = rows_per_warp // 16, mtile // 8
     if stages and feed == "bulk":
-        return unroll * (rt * 2 * words + 2 * (rt * 4 + nt * load_bytes))
+        return unroll * (rt * 2 * words + rt * 4 + nt * load_bytes)
     if stages:
         return 2 * unroll * nt * load_bytes
     per_window = rt * (2 * words + 4) + nt * load_bytes
@@ -95,17 +95,34 @@ def ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps) -> int:
     return warps * stages * unroll * (rows_per_warp // 16) * 2 * 32 * (load_bytes + 8)
 
 
+def bulk_chunk(load_bytes, warps, unroll) -> int:
+    """K per chunk of the bulk feed: warps x unroll windows of 8 x load_bytes values."""
+    return warps * unroll * 8 * load_bytes
+
+
 def bulk_row_bytes(load_bytes, warps, unroll) -> int:
-    """The bulk feed's stride between a chunk's rows in shared memory: a row's KC/2 bytes (KC =
-    warps x unroll windows of 8 x load_bytes values) rounded up to 128, plus 4 x load_bytes so that
-    the rows of one load phase fall in distinct banks."""
-    half = warps * unroll * 4 * load_bytes
-    return -(-half // 128) * 128 + 4 * load_bytes
+    """The bulk feed's stride between a chunk's W rows in shared memory: a row's KC/2 bytes rounded
+    up to 128, plus 4 x load_bytes so that the rows of one load phase fall in distinct banks."""
+    return -(-bulk_chunk(load_bytes, warps, unroll) // 2 // 128) * 128 + 4 * load_bytes
 
 
-def bulk_ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps) -> int:
-    """Shared memory of the bulk feed's ring: ``stages`` chunks of the CTA's rows."""
-    return stages * rows_per_warp * bulk_row_bytes(load_bytes, warps, unroll)
+def bulk_stage_bytes(load_bytes, rows_per_warp, unroll, warps, arows, act_bytes=2) -> tuple:
+    """(stage bytes, zero row bytes) of the bulk feed (gemv4.cu's bulk_geometry): W rows, then
+    ``arows`` batch rows of A (2 x KC rounded up to 128, plus 16), then each W row's statistics
+    (the aligned words of its absmax bytes and two group absmax, or a float per block of 32 values
+    at least)."""
+    kc = bulk_chunk(load_bytes, warps, unroll)
+    arowb = -(-kc * act_bytes // 128) * 128 + 16
+    nested, plain = 4 * ((kc // 32 + 3) // 4 + 1) + 8, kc // 8
+    sb = -(-max(nested, plain) // 16) * 16
+    stage = rows_per_warp * (bulk_row_bytes(load_bytes, warps, unroll) + sb) + arows * arowb
+    return stage, kc * act_bytes
+
+
+def bulk_ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps, arows) -> int:
+    """Shared memory of the bulk feed's ring: ``stages`` chunks, and one zero row of A."""
+    stage, zero = bulk_stage_bytes(load_bytes, rows_per_warp, unroll, warps, arows)
+    return stages * stage + zero
 
 
 def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, persist, prefetch, stages, feed):
@@ -115,6 +132,8 @@ def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, pers
         return None
     if feed == "bulk" and not stages:
         return "the bulk feed fills a shared-memory ring: it needs stages"
+    if feed == "lanes" and stages == 2:
+        return "the per-warp ring takes 4 stages (2 lost everywhere on the H200)"
     if astage != "global":
         return "the K-split tensor-core path reads its run of A per window (no shared staging)"
     if warps * rows_per_warp * mtile > 2048:
@@ -126,7 +145,10 @@ def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, pers
     regs = ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch, stages, feed)
     if regs > 128:
         return f"{regs} registers of loads in flight exceed 128"
-    ring = (bulk_ring_bytes if feed == "bulk" else ring_bytes)(load_bytes, rows_per_warp, unroll, stages, warps)
+    if feed == "bulk":
+        ring = bulk_ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps, mtile)
+    else:
+        ring = ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps)
     if ring > 160 * 1024:
         return f"a ring of {ring} bytes exceeds 160 KiB of shared memory per CTA"
     return None
@@ -215,11 +237,13 @@ class MatmulPlan:
             raise UnsupportedInput(f"{c.short()}: {registers} registers x {threads} threads exceeds the "
                                    f"{limits.regs_per_sm} registers of an SM; the block cannot launch")
         self.config = c
-        self.ring = c.stages > 0 and c.feed == "lanes"   # statistics copied in aligned words (check_stats)
+        self.ring = c.stages > 0            # statistics copied in aligned 4-byte words (check_stats)
         self.M, self.N, self.K = M, N, K
         self.blocksize, self.groupsize = blocksize, groupsize
         if c.mma == "mma-ks":
             kit = 8 * c.load_bytes                              # K per window (a quad of lanes)
+            if c.feed == "bulk":
+                kit = bulk_chunk(c.load_bytes, c.warps, c.unroll)   # split-K slices of whole chunks
             rows_per_cta = c.rows_per_warp
         else:
             kit = 128 if c.mma == "mma" else 64 * c.load_bytes    # K per warp iteration
@@ -232,9 +256,15 @@ class MatmulPlan:
         act_bytes = OUT_BYTES[c.dtype]
         if c.mma == "mma-ks":
             # the warps' partial sums, then the ring
-            ring = bulk_ring_bytes if c.feed == "bulk" else ring_bytes
-            self.smem = c.warps * c.mtile * c.rows_per_warp * 4 + ring(c.load_bytes, c.rows_per_warp, c.unroll,
-                                                                       c.stages, c.warps)
+            if c.feed == "bulk":
+                ring = bulk_ring_bytes(c.load_bytes, c.rows_per_warp, c.unroll, c.stages, c.warps, min(c.mtile, M))
+                kc = bulk_chunk(c.load_bytes, c.warps, c.unroll)
+                if groupsize * 32 < kc:
+                    raise UnsupportedInput(f"{c.short()}: a chunk of {kc} values may span more than two groups of "
+                                           f"{groupsize} blocks (the bulk feed copies two group absmax per row)")
+            else:
+                ring = ring_bytes(c.load_bytes, c.rows_per_warp, c.unroll, c.stages, c.warps)
+            self.smem = c.warps * c.mtile * c.rows_per_warp * 4 + ring
             static = 64 + 1024 + 16 * c.stages + (256 * 32 * 4 if c.lut == "pair" else 0)
             if self.smem + static > limits.smem_per_block_optin:
                 raise UnsupportedInput(f"{c.short()}: {self.smem} bytes of shared memory (partial sums and ring) "
@@ -378,13 +408,13 @@ class MatmulFamily(Family):
              help="mma-ks: windows of K whose loads are all issued before the first is used"),
         Knob("persist", (0, 1), "source", "NF4T_PERSIST", label="p{}",
              help="mma-ks: a few CTAs per SM loop over the row tiles (tables filled once per CTA)"),
-        Knob("stages", (0, 4), "source", "NF4T_STAGES", label="st{}",
-             help="mma-ks: 0 loads W into registers; N stages W through a per-warp shared-memory ring by "
-                  "cp.async, N groups deep (bytes in flight bound by shared memory, not registers)"),
+        Knob("stages", (0, 2, 4), "source", "NF4T_STAGES", label="st{}",
+             help="mma-ks: 0 loads W into registers; N stages W through a shared-memory ring N deep (feed: "
+                  "per warp by the lanes' cp.async, 4 only; or per CTA by a producer warp's bulk copies)"),
         Knob("feed", ("lanes", "bulk"), "source", "NF4T_FEED",
              help="mma-ks with stages: lanes: each lane copies its own bytes into its warp's ring; bulk: a "
-                  "producer warp streams each chunk's rows by cp.async.bulk (sm_90+) into a ring the CTA's warps "
-                  "share, mbarrier-guarded"),
+                  "producer warp copies each chunk (W and A rows by cp.async.bulk, sm_90+, and the statistics) "
+                  "into a ring the CTA's warps share, mbarrier-guarded: the other warps only read shared memory"),
         Knob("dtype", DTYPES, "problem", "NF4T_ACT", help="activation (and output) dtype"),
         Knob("quant", QUANTS, "problem", "NF4T_QUANT", help="4-bit code: nf4 or fp4"),
         Knob("m", M_BUCKETS, "problem", label="", help="the batch bucket the config is tuned for (not in the source)"),
