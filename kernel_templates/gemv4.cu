@@ -35,6 +35,10 @@
 //                1 register: a 4-level select tree, no memory;
 //                3 prmt (mma-ks only): the codes as 16-bit operands in two byte tables in registers,
 //                four nibbles looked up per byte permute (see prmt_pair);
+//                4 pairx (mma-ks only): the pair table with 256-byte rows (64 KiB, half of every row
+//                unused), so a lookup's offset, byte << 8 | lane << 2, is one byte permute of the
+//                packed word and the lane's offset: two instructions per packed byte (the 128-byte rows
+//                of pair need a shift, a mask-and-merge and an add before the load);
 //                2 pair: a 256-entry table of (code[hi], code[lo]) float pairs, one lookup per
 //                packed byte (one 8-byte load for two values), replicated 16 times so that the
 //                16 lanes of a load phase always hit distinct banks (32 KiB of shared memory).
@@ -132,8 +136,14 @@ __device__ __forceinline__ float lut_select(u32 q) {
 }
 
 __shared__ float nf4t_lut[16];
+extern __shared__ __align__(16) unsigned char nf4t_dyn[];
 #if NF4T_LUT == 2 && NF4T_MMA == 2
 __shared__ __align__(16) u32 nf4t_pairs16[256 * 32];   // [byte][lane]: operand-dtype pair, per lane
+#elif NF4T_LUT == 4 && NF4T_MMA == 2
+// [byte][64]: the pair in words 0..31 (per lane); 64 KiB exceed static shared memory: the first
+// NF4T_DYN_TABLE bytes of the dynamic shared memory
+#define nf4t_pairs16 (reinterpret_cast<u32*>(nf4t_dyn))
+#define NF4T_DYN_TABLE (256 * 64 * 4)
 #elif NF4T_LUT == 2
 __shared__ __align__(16) float2 nf4t_pairs[256 * 16];
 #endif
@@ -379,7 +389,9 @@ __device__ __forceinline__ void finish_split(u32 tile, u32 row_first, u32 rows, 
     }
 }
 
-extern __shared__ __align__(16) unsigned char nf4t_dyn[];
+#ifndef NF4T_DYN_TABLE
+#define NF4T_DYN_TABLE 0
+#endif
 
 // d += a * b on the tensor cores: m16n8k16, 16-bit operands, fp32 accumulators
 __device__ __forceinline__ void mma16816(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
@@ -800,6 +812,10 @@ __device__ __forceinline__ u32 pair16(u32 w, int j, u32 lane4) {
 #elif NF4T_LUT == 2
     const u32 off = (((w >> (8 * (j & 3))) & 0xffu) << 7) | lane4;
     return *reinterpret_cast<const u32*>(reinterpret_cast<const char*>(nf4t_pairs16) + off);
+#elif NF4T_LUT == 4
+    u32 off;                                  // byte 0: lane4, byte 1: byte j of w, bytes 2-3: lane4's zeros
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(off) : "r"(w), "r"(lane4), "r"(0x5504u | ((u32)(j & 3) << 4)));
+    return *reinterpret_cast<const u32*>(reinterpret_cast<const char*>(nf4t_pairs16) + off);
 #elif NF4T_LUT == 0
     const u32 hi4 = (w >> 2) & 0x3c3c3c3cu, lo4 = (w << 2) & 0x3c3c3c3cu;
     return pack_pair(lut_at(byte_at(hi4, j & 3)), lut_at(byte_at(lo4, j & 3)));
@@ -810,12 +826,12 @@ __device__ __forceinline__ u32 pair16(u32 w, int j, u32 lane4) {
 }
 
 __device__ __forceinline__ void ks_tables() {
-#if NF4T_LUT == 2
+#if NF4T_LUT == 2 || NF4T_LUT == 4
     // 256 pairs, each written to its 32 lane copies with 16-byte stores
     for (u32 i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
         const u32 e = i >> 3;
         const u32 p = pack_pair(lut_select(e >> 4), lut_select(e & 15u));
-        *reinterpret_cast<uint4*>(nf4t_pairs16 + e * 32 + (i & 7) * 4) = make_uint4(p, p, p, p);
+        *reinterpret_cast<uint4*>(nf4t_pairs16 + e * (NF4T_LUT == 4 ? 64 : 32) + (i & 7) * 4) = make_uint4(p, p, p, p);
     }
 #elif NF4T_LUT == 0
     setup_tables();
@@ -1317,8 +1333,8 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     const u32 tiles = (N + NF4T_RPW - 1) / NF4T_RPW;
     const u32 tstep = NF4T_PERSIST ? gridDim.x : tiles;
     const BulkGeometry G = bulk_geometry(warps, M);
-    float* red = reinterpret_cast<float*>(nf4t_dyn);          // [warps][MTILE][RPW]
-    const u32 ring = (u32)__cvta_generic_to_shared(nf4t_dyn + warps * NF4T_MTILE * NF4T_RPW * 4);
+    float* red = reinterpret_cast<float*>(nf4t_dyn + NF4T_DYN_TABLE);   // [warps][MTILE][RPW]
+    const u32 ring = (u32)__cvta_generic_to_shared(nf4t_dyn + NF4T_DYN_TABLE + warps * NF4T_MTILE * NF4T_RPW * 4);
     const u32 zero = ring + NF4T_STAGES * G.stage;            // a zero row of A (batch rows past M)
     const u32 full = (u32)__cvta_generic_to_shared(nf4t_bars), empty = full + 8u * NF4T_STAGES;
 
@@ -1407,10 +1423,10 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     const u32 kstep = warps * NF4T_WIN;
     const u32 gstep = NF4T_U * kstep;
     const u32 tiles = (N + NF4T_RPW - 1) / NF4T_RPW;
-    float* red = reinterpret_cast<float*>(nf4t_dyn);          // [warps][MTILE][RPW]
+    float* red = reinterpret_cast<float*>(nf4t_dyn + NF4T_DYN_TABLE);   // [warps][MTILE][RPW]
 #if NF4T_STAGES > 0
     // this warp's ring: NF4T_STAGES slots after the reduction buffer
-    const u32 ring_base = (u32)__cvta_generic_to_shared(nf4t_dyn + warps * NF4T_MTILE * NF4T_RPW * 4) +
+    const u32 ring_base = (u32)__cvta_generic_to_shared(nf4t_dyn + NF4T_DYN_TABLE + warps * NF4T_MTILE * NF4T_RPW * 4) +
                           warp * NF4T_STAGES * NF4T_SLOT;
     const u64 pol = w_policy();
     const u32 nblocks = (N * K) >> log2_bs;

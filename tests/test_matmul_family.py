@@ -334,3 +334,25 @@ def test_prmt_decode_gives_the_rounded_code_of_every_nibble_pair(quant, dtype):
             byte = (half >> (8 * j)) & 0xFF
             got = _prmt(lo, hi, s)
             assert got == want16[byte >> 4] | (want16[byte & 15] << 16), (half, j)
+
+
+def test_pairx_offsets_are_one_byte_permute_of_the_word_and_the_lane():
+    """lut pairx: the template's selector (0x5504 | j << 4) turns packed byte j of a word and the
+    lane's offset into byte << 8 | lane << 2, the lane's copy of that byte's pair in a 256-byte row;
+    and the family sizes its 64 KiB table into the dynamic shared memory."""
+    src = MM.config(mma="mma-ks", rows_per_warp=32, mtile=8, scale="block", load_bytes=8, warps=8, unroll=2,
+                    lut="pairx", m=1).render()
+    assert "0x5504u | ((u32)(j & 3) << 4)" in src
+    rng = random.Random(7)
+    for lane in range(32):
+        for _ in range(50):
+            w = rng.getrandbits(32)
+            for j in range(4):
+                assert _prmt(w, lane << 2, 0x5504 | (j << 4)) == (((w >> (8 * j)) & 0xFF) << 8) | (lane << 2)
+    with pytest.raises(InvalidConfig, match="K-split tensor-core path only"):
+        MM.config(lut="pairx", m=1)
+    h200 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
+    ks = dict(mma="mma-ks", rows_per_warp=32, mtile=8, scale="block", load_bytes=8, warps=8, unroll=2, m=1)
+    pair = MatmulPlan(MM.config(**ks, lut="pair"), 1, 4096, 4096, 64, 256, h200, device="cpu")
+    pairx = MatmulPlan(MM.config(**ks, lut="pairx"), 1, 4096, 4096, 64, 256, h200, device="cpu")
+    assert pairx.smem == pair.smem + 64 * 1024

@@ -74,6 +74,12 @@ CONFIGS = [
              lut="register", stages=2, feed="bulk", persist=1)),
     (16, dict(mma="mma-ks", load_bytes=8, rows_per_warp=32, mtile=16, warps=4, ksplit=4, scale="block", lut="prmt",
               stages=4, feed="bulk")),
+    # ... the permute-addressed pair table (64 KiB of dynamic shared memory): register loads, and the
+    # bulk feed
+    (1, dict(mma="mma-ks", load_bytes=8, rows_per_warp=32, mtile=8, warps=8, ksplit=1, scale="block", lut="pairx",
+             unroll=2)),
+    (16, dict(mma="mma-ks", load_bytes=16, rows_per_warp=16, mtile=16, warps=4, ksplit=2, scale="block",
+              lut="pairx", stages=2, feed="bulk", persist=1)),
 ]
 
 
@@ -115,7 +121,8 @@ def test_plain_absmax(seed):
     plain = replace(inputs, B=B, qs=qs, ref={})
     want = MM.expected(plain)
     for knobs in (CONFIGS[3][1], dict(CONFIGS[6][1], mtile=8), CONFIGS[9][1], CONFIGS[10][1], CONFIGS[13][1],
-                  CONFIGS[14][1], CONFIGS[17][1], dict(CONFIGS[18][1], mtile=8), CONFIGS[19][1], CONFIGS[20][1]):
+                  CONFIGS[14][1], CONFIGS[17][1], dict(CONFIGS[18][1], mtile=8), CONFIGS[19][1], CONFIGS[20][1],
+                  CONFIGS[23][1]):
         c = MM.config(**knobs, m=8 if knobs.get("mma") == "mma" else 2)
         out = MM.new_output(plain)
         bind(load_kernel(c), plain, out)()

@@ -157,6 +157,8 @@ def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, pers
 def _lut_path(mma, lut):
     if lut == "prmt" and mma != "mma-ks":
         return "the byte-permute decode (lut prmt) builds 16-bit operands: the K-split tensor-core path only"
+    if lut == "pairx" and mma != "mma-ks":
+        return "the permute-addressed pair table (lut pairx) holds 16-bit operand pairs: the K-split tensor-core path only"
     return None
 
 
@@ -264,7 +266,8 @@ class MatmulPlan:
                                            f"{groupsize} blocks (the bulk feed copies two group absmax per row)")
             else:
                 ring = ring_bytes(c.load_bytes, c.rows_per_warp, c.unroll, c.stages, c.warps)
-            self.smem = c.warps * c.mtile * c.rows_per_warp * 4 + ring
+            # (lut pairx: its 64 KiB table first, in dynamic shared memory), the partial sums, the ring
+            self.smem = (256 * 64 * 4 if c.lut == "pairx" else 0) + c.warps * c.mtile * c.rows_per_warp * 4 + ring
             static = 64 + 1024 + 16 * c.stages + (256 * 32 * 4 if c.lut == "pair" else 0)
             if self.smem + static > limits.smem_per_block_optin:
                 raise UnsupportedInput(f"{c.short()}: {self.smem} bytes of shared memory (partial sums and ring) "
@@ -392,10 +395,11 @@ class MatmulFamily(Family):
         Knob("warps", (1, 2, 4, 8), "launch", label="w{}", help="warps per CTA"),
         Knob("ksplit", (1, 2, 4, 8, 16), "launch", label="k/{}",
              help="split-K: slices of K over CTAs, summed by fp32 atomics, the last CTA finishing the tile"),
-        Knob("lut", ("shared", "register", "pair", "prmt"), "source", "NF4T_LUT",
+        Knob("lut", ("shared", "register", "pair", "prmt", "pairx"), "source", "NF4T_LUT",
              help="the 16-entry code in shared memory, a select tree in registers, a 256-entry table of "
                   "code pairs (one lookup per byte), replicated per lane phase (32 KiB), or (mma-ks) the codes "
-                  "as 16-bit byte tables in registers, four nibbles per byte permute (no memory)"),
+                  "as 16-bit byte tables in registers, four nibbles per byte permute (no memory), or (mma-ks) "
+                  "the pair table with 256-byte rows (64 KiB): a lookup's offset is one byte permute"),
         Knob("astage", ("global", "shared"), "source", "NF4T_ASTAGE", label="A:{}",
              help="A read per step from global memory (L1/L2), or staged once per CTA in shared memory"),
         Knob("scale", ("value", "block"), "source", "NF4T_SCALE", label="s:{}",
@@ -434,7 +438,7 @@ class MatmulFamily(Family):
         "simt: mtile <= the batch bucket m; mma, mma-ks: mtile 8 when m <= 8",
         "mma-ks: rows_per_warp 16/32 (rows per CTA), mtile 8/16, scale block, A global, dtype bf16/fp16, "
         "warps*rows*mtile <= 2048, loads in flight <= 128 registers, the ring (stages) <= 160 KiB and without "
-        "prefetch; the bulk feed with stages; unroll, persist, stages, feed and lut prmt only here",
+        "prefetch; the bulk feed with stages; unroll, persist, stages, feed and lut prmt/pairx only here",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
