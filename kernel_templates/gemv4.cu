@@ -35,13 +35,13 @@
 //                1 register: a 4-level select tree, no memory;
 //                3 prmt (mma-ks only): the codes as 16-bit operands in two byte tables in registers,
 //                four nibbles looked up per byte permute (see prmt_pair);
-//                4 pairx (mma-ks only): the pair table with 256-byte rows (64 KiB, half of every row
-//                unused), so a lookup's offset, byte << 8 | lane << 2, is one byte permute of the
-//                packed word and the lane's offset: two instructions per packed byte (the 128-byte rows
-//                of pair need a shift, a mask-and-merge and an add before the load);
 //                2 pair: a 256-entry table of (code[hi], code[lo]) float pairs, one lookup per
 //                packed byte (one 8-byte load for two values), replicated 16 times so that the
-//                16 lanes of a load phase always hit distinct banks (32 KiB of shared memory).
+//                16 lanes of a load phase always hit distinct banks (32 KiB of shared memory);
+//                4 pairx (mma-ks only): the pair table with 256-byte rows (64 KiB of dynamic shared
+//                memory, half of every row unused), so a lookup's offset, byte << 8 | lane << 2, is one
+//                byte permute of the packed word and the lane's offset: two instructions per packed
+//                byte (the 128-byte rows of pair need a shift, a mask-and-merge and an add first).
 //   NF4T_ASTAGE  0 global: each warp reads its run of A per k-iteration from global memory (L1
 //                and L2 hits: A is small and every CTA reads it); 1 shared: the CTA copies its
 //                K slice of A x MTILE into shared memory once (dynamic shared memory).
@@ -60,8 +60,9 @@
 //                bytes in flight per SM are bound by shared memory (228 KiB) instead of registers.
 //   NF4T_FEED    mma-ks with NF4T_STAGES > 0: 0 lanes: each lane copies its own bytes (and their
 //                statistics) into its warp's ring; 1 bulk: a producer warp (one more per CTA) copies
-//                each chunk's rows with cp.async.bulk into a ring the CTA's warps share, guarded by
-//                mbarriers (sm_90 and newer): one instruction per row and chunk instead of one per lane.
+//                each chunk (W's and A's rows by cp.async.bulk, one instruction per row; the rows'
+//                statistics by cp.async) into a ring of chunks the CTA's warps share, guarded by
+//                mbarriers (sm_90 and newer); the other warps only read shared memory and compute.
 //   NF4T_ACT     0 bf16, 1 fp16, 2 fp32 activations (and output, bias)
 //   NF4T_QUANT   0 nf4, 1 fp4
 // Launch knobs (not macros): threads per CTA (WARPS x 32, read as blockDim.x) and the split-K
