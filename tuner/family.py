@@ -328,15 +328,53 @@ class Family:
         hit = cache.get(key)
         if hit is not None:
             return hit
-        gset = set(group)
-        rules = [c for c in self.constraints if set(c.knobs) & gset]
-        combos = []
-        for combo in itertools.product(*[self.knob(k).values for k in group]):
-            values = dict(fixed, **dict(zip(group, combo)))
-            if all(c.violation(values) is None for c in rules):
-                combos.append(combo)
+        combos = self._walk_group(group, fixed)
         cache[key] = combos
         return combos
+
+    def _walk_group(self, group: tuple, fixed: dict) -> list[tuple]:
+        """The valid combinations of ``group``, in ``itertools.product`` order, by a depth-first
+        walk that checks each constraint as soon as its knobs have values and prunes there (the
+        product of a large group's values is millions of combinations, its valid part thousands).
+        The walk assigns first the knobs that complete the smallest constraints."""
+        gset = set(group)
+        rules = [c for c in self.constraints if set(c.knobs) & gset]
+        order: list = []
+        pending = list(rules)
+        while pending:
+            # the constraint closest to complete (fewest unassigned knobs, then fewest knobs)
+            c = min(pending, key=lambda c: (sum(k in gset and k not in order for k in c.knobs), len(c.knobs)))
+            pending.remove(c)
+            order += [k for k in group if k in c.knobs and k not in order]
+        order += [k for k in group if k not in order]
+        depth = {k: i for i, k in enumerate(order)}
+        checks: list = [[] for _ in order]
+        for c in rules:
+            checks[max(depth[k] for k in c.knobs if k in gset)].append(c)
+        domains = [self.knob(k).values for k in order]
+        values = dict(fixed)
+        found: list = []
+        chosen: list = []
+
+        def walk(d):
+            if d == len(order):
+                found.append(tuple(chosen))
+                return
+            name = order[d]
+            for i, v in enumerate(domains[d]):
+                values[name] = v
+                if all(c.violation(values) is None for c in checks[d]):
+                    chosen.append(i)
+                    walk(d + 1)
+                    chosen.pop()
+            del values[name]
+
+        walk(0)
+        # back to the group's knob order, sorted as itertools.product over the group yields them
+        at = [order.index(k) for k in group]
+        idx = sorted(tuple(f[j] for j in at) for f in found)
+        vals = [self.knob(k).values for k in group]
+        return [tuple(vals[j][i] for j, i in enumerate(t)) for t in idx]
 
     def _tuned_restriction(self, restrict: Optional[dict]) -> dict:
         """The tunable knobs ``restrict`` names, with their allowed values (checked)."""
