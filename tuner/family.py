@@ -192,7 +192,7 @@ class Family:
         """A copy of this family with knobs, constraints or defaults added (tests use it to show
         that one declaration is all a new knob needs)."""
         new = copy.copy(self)
-        for k in ("knob_names", "knob_index", "groups", "_group_choices_cache"):
+        for k in ("knob_names", "knob_index", "groups", "_group_choices_cache", "_choice_map_cache"):
             new.__dict__.pop(k, None)
         new.knobs = tuple(self.knobs) + tuple(knobs)
         new.constraints = tuple(self.constraints) + tuple(constraints)
@@ -449,11 +449,21 @@ class Family:
         values = dict(fixed)
         for g in self.groups:
             text = params[self.param_name(g)]
-            combos = {self._choice_text(c): c for c in self._group_choices(g, fixed)}
+            combos = self._choice_map(g, fixed)
             if text not in combos:
                 raise InvalidConfig(f"{self.param_name(g)}={text!r} is not a choice of the search space")
             values.update(zip(g, combos[text]))
         return self.config(**values)
+
+    def _choice_map(self, group: tuple, fixed: dict) -> dict:
+        """choice text -> combination of ``group`` (built once per group and problem: a search
+        turns every trial's parameters back into a config)."""
+        key = (group, tuple(sorted(fixed.items(), key=lambda kv: kv[0])))
+        cache = self.__dict__.setdefault("_choice_map_cache", {})
+        hit = cache.get(key)
+        if hit is None:
+            hit = cache[key] = {self._choice_text(c): c for c in self._group_choices(group, fixed)}
+        return hit
 
     def params_from_config(self, config: Config) -> dict:
         return {self.param_name(g): self._choice_text(tuple(getattr(config, k) for k in g)) for g in self.groups}
