@@ -36,6 +36,11 @@ __all__ = ["Knob", "Constraint", "Config", "Family", "DeviceLimits", "ROLES"]
 ROLES = ("source", "launch", "problem")
 
 
+def _group_key(group: tuple, fixed: dict) -> tuple:
+    """The cache key of a constraint group's choices under fixed problem knob values."""
+    return group, tuple(sorted(fixed.items(), key=lambda kv: kv[0]))
+
+
 @dataclass(frozen=True)
 class DeviceLimits:
     """What a launch plan needs of the device (tuner.kernel.arch fills it in from the device's
@@ -323,7 +328,7 @@ class Family:
     def _group_choices(self, group: tuple, fixed: dict) -> list[tuple]:
         """Valid value combinations of ``group`` given fixed problem knob values (constraints
         that involve only the group's knobs and problem knobs)."""
-        key = (group, tuple(sorted(fixed.items(), key=lambda kv: kv[0])))
+        key = _group_key(group, fixed)
         cache = self.__dict__.setdefault("_group_choices_cache", {})
         hit = cache.get(key)
         if hit is not None:
@@ -458,7 +463,7 @@ class Family:
     def _choice_map(self, group: tuple, fixed: dict) -> dict:
         """choice text -> combination of ``group`` (built once per group and problem: a search
         turns every trial's parameters back into a config)."""
-        key = (group, tuple(sorted(fixed.items(), key=lambda kv: kv[0])))
+        key = _group_key(group, fixed)
         cache = self.__dict__.setdefault("_choice_map_cache", {})
         hit = cache.get(key)
         if hit is None:
