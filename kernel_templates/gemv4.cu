@@ -63,6 +63,13 @@
 //                each chunk (W's and A's rows by cp.async.bulk, one instruction per row; the rows'
 //                statistics by cp.async) into a ring of chunks the CTA's warps share, guarded by
 //                mbarriers (sm_90 and newer); the other warps only read shared memory and compute.
+//   NF4T_STATS   mma-ks with the register feed (NF4T_STAGES 0): 0 lanes: every lane loads the raw statistics
+//                of its rows' runs (absmax byte and group absmax, or the float absmax) with each window and
+//                finishes the scale itself, the four lanes of a quad the same block's; 1 tile: before a row
+//                tile's windows the CTA decodes every scale of the tile's K slice into shared memory (each
+//                block once per CTA, all of a thread's loads issued before the first is used), and a lane's
+//                scale is then one ld.shared per row and window: no statistics' addresses, loads or decode
+//                in the loop, and no statistics registers in flight.
 //   NF4T_ACT     0 bf16, 1 fp16, 2 fp32 activations (and output, bias)
 //   NF4T_QUANT   0 nf4, 1 fp4
 // Launch knobs (not macros): threads per CTA (WARPS x 32, read as blockDim.x) and the split-K
@@ -324,8 +331,7 @@ struct ScaleRaw {
     u32 q;
     float a;
 };
-__device__ __forceinline__ ScaleRaw scale_load(const Scales& s, u32 e) {
-    const u32 b = e >> s.log2_bs;
+__device__ __forceinline__ ScaleRaw scale_load_block(const Scales& s, u32 b) {
     ScaleRaw r;
     if (s.absmax_f != nullptr) {
         r.q = 0u;
@@ -336,6 +342,7 @@ __device__ __forceinline__ ScaleRaw scale_load(const Scales& s, u32 e) {
     }
     return r;
 }
+__device__ __forceinline__ ScaleRaw scale_load(const Scales& s, u32 e) { return scale_load_block(s, e >> s.log2_bs); }
 __device__ __forceinline__ float scale_finish(const Scales& s, ScaleRaw r) {
     if (s.absmax_f != nullptr) return r.a;
     return __fadd_rn(__fmul_rn(__ldg(s.code2 + r.q), r.a), s.offset);
@@ -740,6 +747,9 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
 #define NF4T_WIN (4 * NF4T_RUN)              // K per window
 #define NF4T_NBMAX (NF4T_WIN / 32)           // blocks a window can span (blocksize 32)
 #define NF4T_U NF4T_UNROLL
+#if NF4T_STATS == 1 && NF4T_STAGES > 0
+#error "the tile's scale table (NF4T_STATS 1) is a register-feed (NF4T_STAGES 0) structure"
+#endif
 
 #if NF4T_LUT == 3
 // NF4T_LUT 3 (prmt): the 16 codes rounded to the operand dtype, as two byte tables (low bytes
@@ -842,6 +852,9 @@ __device__ __forceinline__ void ks_tables() {
 struct KsGroup {                                   // the loads of one group of NF4T_U windows
     u32 w[NF4T_U][NF4T_RT][2][NF4T_WWORDS];        // rows g, g+8 of each row tile
     ScaleRaw raw[NF4T_U][NF4T_RT][2];
+#if NF4T_STATS == 1
+    u32 j[NF4T_U];                                 // the block column of each window's run (K / blocksize)
+#endif
     u32 a[NF4T_U][NF4T_NT][NF4T_LOAD];             // the batch row g of each n8 tile, 16-bit pairs
 };
 
@@ -879,7 +892,9 @@ __device__ __forceinline__ void ks_load(KsGroup& G, const act_t* __restrict__ A,
                 const u32 n = row0 + rt * 16 + g + 8 * h;
                 if (in_k && n < N) {
                     load_w(B + (((u64)n * K + k) >> 1), G.w[u][rt][h]);
+#if NF4T_STATS == 0
                     G.raw[u][rt][h] = scale_load(s, n * K + k);
+#endif
                 } else {
 #pragma unroll
                     for (int i = 0; i < NF4T_WWORDS; ++i) G.w[u][rt][h][i] = 0u;
@@ -889,6 +904,13 @@ __device__ __forceinline__ void ks_load(KsGroup& G, const act_t* __restrict__ A,
             }
         }
     }
+#if NF4T_STATS == 1
+#pragma unroll
+    for (int u = 0; u < NF4T_U; ++u) {
+        const u32 k = kw + u * kstep + t * NF4T_RUN;
+        G.j[u] = min(k, k_end - 1u) >> s.log2_bs;    // (past the slice: any finite scale meets zeros)
+    }
+#endif
     ks_load_a(G.a, A, K, k_end, m0, mrows, g, t, kw, kstep);
 }
 
@@ -1012,15 +1034,47 @@ __device__ __forceinline__ float ks_scale(const Scales& s, ScaleRaw r) {
     return __fadd_rn(__fmul_rn(nf4t_code2[r.q], r.a), s.offset);
 }
 
+#if NF4T_STATS == 1
+// ---- the tile's scale table (NF4T_STATS 1): tab[j][r] = the scale of block column jb0 + j of the tile's row r
+// (rows past N: a finite stand-in, they meet zero W). Row r fastest, so a warp's stores hit distinct banks;
+// a thread issues the loads of NF4T_SFILL entries before it decodes any (one memory latency per pass).
+#define NF4T_SROW (NF4T_RPW + 1)      // floats per table row, padded: lanes (g, t) of a window never conflict
+#define NF4T_SFILL 8
+__device__ __forceinline__ void ks_fill_scales(float* tab, const Scales& s, u32 row0, u32 N, u32 K, u32 jb0, u32 nj) {
+    const u32 kb = K >> s.log2_bs, total = nj * NF4T_RPW, step = work_threads();
+    for (u32 i0 = threadIdx.x; i0 < total; i0 += NF4T_SFILL * step) {
+        ScaleRaw raw[NF4T_SFILL];
+#pragma unroll
+        for (int p = 0; p < NF4T_SFILL; ++p) {
+            const u32 i = i0 + p * step, n = row0 + i % NF4T_RPW;
+            raw[p].q = 0u;
+            raw[p].a = 0.0f;
+            if (i < total && n < N) raw[p] = scale_load_block(s, n * kb + jb0 + i / NF4T_RPW);
+        }
+#pragma unroll
+        for (int p = 0; p < NF4T_SFILL; ++p) {
+            const u32 i = i0 + p * step;
+            if (i < total) tab[(i / NF4T_RPW) * NF4T_SROW + i % NF4T_RPW] = ks_scale(s, raw[p]);
+        }
+    }
+}
+#endif
+
+// stab (NF4T_STATS 1): the tile's scale table, offset to block column 0 and to the lane's row g
 __device__ __forceinline__ void ks_compute(const KsGroup& G, float (&acc)[NF4T_RT][NF4T_NT][4], const Scales& s,
-                                           u32 nb, u32 sub, u32 lane, u32 lane4) {
+                                           u32 nb, u32 sub, u32 lane, u32 lane4, const float* stab) {
 #pragma unroll
     for (int u = 0; u < NF4T_U; ++u) {
         float sc[NF4T_RT][2];
 #pragma unroll
         for (int rt = 0; rt < NF4T_RT; ++rt) {
+#if NF4T_STATS == 1
+            sc[rt][0] = stab[G.j[u] * NF4T_SROW + rt * 16];
+            sc[rt][1] = stab[G.j[u] * NF4T_SROW + rt * 16 + 8];
+#else
             sc[rt][0] = ks_scale(s, G.raw[u][rt][0]);
             sc[rt][1] = ks_scale(s, G.raw[u][rt][1]);
+#endif
         }
         if (NF4T_NBMAX == 1 || nb == 1) {
             float cp[NF4T_RT][NF4T_NT][4];
@@ -1395,7 +1449,7 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
             bulk_consume(Gr, ring + st * G.stage, G, zero, s, row0, K, kc0, mrows, g, t, warp, warps);
             __syncwarp();
             if (lane == 0) mbar_arrive(empty + 8u * st);
-            ks_compute(Gr, acc, s, nb, sub, lane, lane4);
+            ks_compute(Gr, acc, s, nb, sub, lane, lane4, nullptr);
         }
         ks_epilogue(acc, red, warp, warps, g, t, row0, tile, tiles, m0, mrows, N, bias, out, ws, counters);
     }
@@ -1432,6 +1486,14 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     const u64 pol = w_policy();
     const u32 nblocks = (N * K) >> log2_bs;
 #endif
+#if NF4T_STATS == 1
+    // the scale table after the partial sums: the slice's block columns jb0 .. jb0 + nj - 1
+    float* tab = red + warps * NF4T_MTILE * NF4T_RPW;
+    const u32 jb0 = k_begin >> log2_bs, nj = ((k_end - 1u) >> log2_bs) - jb0 + 1u;
+    const float* stab = tab - jb0 * NF4T_SROW + g;
+#else
+    const float* stab = nullptr;
+#endif
 
     u32 tile = blockIdx.x;
 #if NF4T_STAGES == 0
@@ -1455,6 +1517,10 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
             for (int nt = 0; nt < NF4T_NT; ++nt)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
+#if NF4T_STATS == 1
+        ks_fill_scales(tab, s, row0, N, K, jb0, nj);
+        work_sync();
+#endif
 
 #if NF4T_STAGES > 0
         {
@@ -1491,7 +1557,7 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
 #pragma unroll
                                 for (int q = 0; q < NF4T_LOAD; ++q) G.a[u][nt][q] = a_next[u][nt][q];
                         if (j + 1 < ngroups) ks_load_a(a_next, A, K, k_end, m0, mrows, g, t, kw0 + (j + 1) * gstep, kstep);
-                        ks_compute(G, acc, s, nb, sub, lane, lane4);
+                        ks_compute(G, acc, s, nb, sub, lane, lane4, nullptr);
                     }
                 }
             }
@@ -1506,11 +1572,11 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
             else if (next_tile < tiles)
                 ks_load(Gn, A, B, s, next_tile * NF4T_RPW, N, K, k_end, m0, mrows, g, t,
                         k_begin + warp * NF4T_WIN, kstep);
-            ks_compute(G, acc, s, nb, sub, lane, lane4);
+            ks_compute(G, acc, s, nb, sub, lane, lane4, stab);
             G = Gn;
 #else
             ks_load(G, A, B, s, row0, N, K, k_end, m0, mrows, g, t, kw, kstep);
-            ks_compute(G, acc, s, nb, sub, lane, lane4);
+            ks_compute(G, acc, s, nb, sub, lane, lane4, stab);
 #endif
         }
 #endif

@@ -356,3 +356,46 @@ def test_pairx_offsets_are_one_byte_permute_of_the_word_and_the_lane():
     pair = MatmulPlan(MM.config(**ks, lut="pair"), 1, 4096, 4096, 64, 256, h200, device="cpu")
     pairx = MatmulPlan(MM.config(**ks, lut="pairx"), 1, 4096, 4096, 64, 256, h200, device="cpu")
     assert pairx.smem == pair.smem + 64 * 1024
+
+
+def test_the_tile_scale_table_constraints_registers_and_shared_memory(compile_cache):
+    """stats tile: the register feed's structure only; no statistics registers in flight (one block
+    column per window); the table (a float per block column of the K slice, plus one for a slice
+    inside a block, x the tile's rows + 1) sized into the plan after the partial sums; the template
+    refuses a ring with it."""
+    from tuner.families.matmul import ks_registers, scale_table_bytes
+    from tuner.kernel.compiler import CompileError, compile_source
+
+    ks = dict(mma="mma-ks", rows_per_warp=32, mtile=8, scale="block", load_bytes=8, warps=8, unroll=2, m=1)
+    assert MM.config(**ks, stats="tile").stats == "tile"
+    assert MM.config(**ks, lut="pairx", prefetch=1, persist=1, stats="tile").prefetch == 1
+    with pytest.raises(InvalidConfig, match="register feed"):
+        MM.config(**ks, stages=4, stats="tile")
+    with pytest.raises(InvalidConfig, match="register feed"):
+        MM.config(**ks, stages=4, feed="bulk", stats="tile")
+    with pytest.raises(InvalidConfig, match="knobs of the K-split"):
+        MM.config(stats="tile", m=1)
+    # per window: W (2 row halves x 2 row tiles x 2 words), the raw statistics (4 per row tile) or one
+    # block column, A (8 pairs); twice with the prefetch
+    assert ks_registers(8, 32, 8, 2, 0) == 2 * (2 * 2 * 2 + 2 * 4 + 8)
+    assert ks_registers(8, 32, 8, 2, 0, stats="tile") == 2 * (2 * 2 * 2 + 1 + 8)
+    assert ks_registers(16, 32, 8, 2, 1, stats="tile") == 2 * 2 * (2 * 2 * 4 + 1 + 16) > 128
+    with pytest.raises(InvalidConfig, match="exceed 128"):
+        MM.config(**dict(ks, load_bytes=16, prefetch=1), stats="tile")
+    # the table: K 8192 at blocksize 64 = 128 block columns + 1, x 33 floats
+    assert scale_table_bytes(32, 8192, 64) == 129 * 33 * 4
+    assert scale_table_bytes(16, 2048, 4096) == 2 * 17 * 4         # a slice inside one block
+    h200 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
+    lanes = MatmulPlan(MM.config(**ks), 1, 8192, 8192, 64, 256, h200, device="cpu")
+    tile = MatmulPlan(MM.config(**ks, stats="tile"), 1, 8192, 8192, 64, 256, h200, device="cpu")
+    assert tile.smem == lanes.smem + scale_table_bytes(32, 8192, 64)
+    split = MatmulPlan(MM.config(**dict(ks, ksplit=4), stats="tile"), 1, 8192, 8192, 64, 256, h200, device="cpu")
+    assert split.smem == lanes.smem + scale_table_bytes(32, 2048, 64)
+    with pytest.raises(UnsupportedInput, match="exceed the device's"):     # K 28672 at blocksize 32 without opt-in
+        MatmulPlan(MM.config(**ks, stats="tile"), 1, 4096, 28672, 32, 256, LIMITS, device="cpu")
+    # the template: the table only in the register feed
+    c = MM.config(**ks, stats="tile")
+    assert compile_source(c.render(), "sm_90", "nf4t_matmul", cache_dir=compile_cache).registers <= 128
+    ring = MM.config(**ks, stages=4).render().replace("#define NF4T_STATS 0", "#define NF4T_STATS 1")
+    with pytest.raises(CompileError, match="register-feed"):
+        compile_source(ring, "sm_90", "nf4t_matmul", cache_dir=compile_cache)

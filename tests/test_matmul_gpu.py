@@ -80,6 +80,16 @@ CONFIGS = [
              unroll=2)),
     (16, dict(mma="mma-ks", load_bytes=16, rows_per_warp=16, mtile=16, warps=4, ksplit=2, scale="block",
               lut="pairx", stages=2, feed="bulk", persist=1)),
+    # ... the tile's scale table (stats tile, register feed): every load width (windows of 1, 2 and 4
+    # blocks at blocksize 32), prefetch of the next tile, persistent CTAs, split-K, both batch tiles
+    (1, dict(mma="mma-ks", load_bytes=8, rows_per_warp=32, mtile=8, warps=8, ksplit=1, scale="block", lut="pairx",
+             unroll=2, stats="tile")),
+    (1, dict(mma="mma-ks", load_bytes=16, rows_per_warp=16, mtile=8, warps=4, ksplit=4, scale="block", lut="pair",
+             prefetch=1, persist=1, stats="tile")),
+    (4, dict(mma="mma-ks", load_bytes=4, rows_per_warp=32, mtile=8, warps=8, ksplit=2, scale="block",
+             lut="register", unroll=4, stats="tile", wload="plain")),
+    (16, dict(mma="mma-ks", load_bytes=8, rows_per_warp=16, mtile=16, warps=4, ksplit=1, scale="block", lut="prmt",
+              unroll=2, prefetch=1, persist=1, stats="tile")),
 ]
 
 
@@ -99,7 +109,8 @@ def test_every_path_passes_the_gate(seed, m, knobs, dtype):
 def test_large_k_and_the_five_target_shapes(seed):
     for n, k in ((1024, 4096), (4096, 14336), (28672, 8192)):
         for m, knobs in ((1, CONFIGS[0][1]), (16, dict(CONFIGS[7][1], astage="global")), (1, CONFIGS[13][1]),
-                         (1, CONFIGS[19][1]), (1, CONFIGS[21][1])):
+                         (1, CONFIGS[19][1]), (1, CONFIGS[21][1]), (1, CONFIGS[24][1]), (1, CONFIGS[25][1]),
+                         (16, CONFIGS[27][1])):
             c = MM.config(**knobs, dtype="bf16", quant="nf4", m=m)
             r = check_config(c, P(n, k, m), seed=seed)
             assert r.ok, f"{c.short()} {n}x{k}: {r.reason}"
@@ -122,12 +133,39 @@ def test_plain_absmax(seed):
     want = MM.expected(plain)
     for knobs in (CONFIGS[3][1], dict(CONFIGS[6][1], mtile=8), CONFIGS[9][1], CONFIGS[10][1], CONFIGS[13][1],
                   CONFIGS[14][1], CONFIGS[17][1], dict(CONFIGS[18][1], mtile=8), CONFIGS[19][1], CONFIGS[20][1],
-                  CONFIGS[23][1]):
+                  CONFIGS[23][1], CONFIGS[24][1], CONFIGS[25][1], dict(CONFIGS[27][1], mtile=8)):
         c = MM.config(**knobs, m=8 if knobs.get("mma") == "mma" else 2)
         out = MM.new_output(plain)
         bind(load_kernel(c), plain, out)()
         torch.cuda.synchronize()
         assert MM.compare(out, want, plain, c) is None
+
+
+def test_the_scale_table_with_large_blocks_and_slices_inside_a_block(seed):
+    """stats tile: split-K slices that start and end inside a block (blocksize 1024-4096 against
+    slices of 512-2048 values), one block column per slice, and the plain absmax."""
+    from dataclasses import replace
+
+    for bs, ksplit, m, knobs in ((4096, 4, 1, CONFIGS[24][1]), (4096, 4, 1, CONFIGS[25][1]),
+                                 (2048, 8, 8, CONFIGS[24][1]), (2048, 8, 4, CONFIGS[26][1]),
+                                 (1024, 16, 16, CONFIGS[27][1]), (1024, 16, 1, CONFIGS[25][1])):
+        c = MM.config(**dict(knobs, ksplit=ksplit), dtype="bf16", quant="nf4", m=m)
+        r = check_config(c, P(777, 8192, m, bs=bs), seed=seed)
+        assert r.ok, f"{c.short()} bs{bs}: {r.reason}"
+    prob = P(333, 8192, 1, bs=4096)
+    inputs = MM.make_inputs(prob, prob.shape, seed)
+    w = F.dequantize_4bit(inputs.B, inputs.qs)
+    B, qs = F.quantize_4bit(w, blocksize=4096, compress_statistics=False, quant_type="nf4")
+    plain = replace(inputs, B=B, qs=qs, ref={})
+    want = MM.expected(plain)
+    from tuner.kernel.launch import bind, load_kernel
+
+    for knobs in (CONFIGS[24][1], CONFIGS[25][1]):
+        c = MM.config(**dict(knobs, ksplit=8), m=1)
+        out = MM.new_output(plain)
+        bind(load_kernel(c), plain, out)()
+        torch.cuda.synchronize()
+        assert MM.compare(out, want, plain, c) is None, c.short()
 
 
 def _wrong(config, old, new):

@@ -73,10 +73,10 @@ def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
     return None
 
 
-def ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch, stages=0, feed="lanes") -> int:
+def ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch, stages=0, feed="lanes", stats="lanes") -> int:
     """32-bit registers the K-split path holds for its loads in flight: per window, W (two rows of
-    each m16 tile), the raw statistics, and the batch rows' run of A; twice that when the next
-    group is prefetched. With the per-warp shared-memory ring (``stages`` > 0) W and the statistics
+    each m16 tile), the raw statistics (with the tile's scale table: one block column instead),
+    and the batch rows' run of A; twice that when the next group is prefetched. With the per-warp shared-memory ring (``stages`` > 0) W and the statistics
     are in shared memory: the registers hold A for two groups. With the bulk feed everything is in
     shared memory: the registers hold one group (W, the statistics and A) read back."""
     words = max(1, load_bytes // 4)
@@ -85,8 +85,14 @@ def ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch, stages=0, f
         return unroll * (rt * 2 * words + rt * 4 + nt * load_bytes)
     if stages:
         return 2 * unroll * nt * load_bytes
-    per_window = rt * (2 * words + 4) + nt * load_bytes
+    per_window = rt * 2 * words + (1 if stats == "tile" else rt * 4) + nt * load_bytes
     return (1 + prefetch) * unroll * per_window
+
+
+def scale_table_bytes(rows_per_warp, kper, blocksize) -> int:
+    """Shared memory of the tile's scale table (``stats`` tile): a float per block column of the K
+    slice (a slice not on a block boundary touches one more) and row of the tile, rows padded by one."""
+    return (-(-kper // blocksize) + 1) * (rows_per_warp + 1) * 4
 
 
 def ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps) -> int:
@@ -125,11 +131,13 @@ def bulk_ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps, arows) -> 
     return stages * stage + zero
 
 
-def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, persist, prefetch, stages, feed):
+def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, persist, prefetch, stages, feed, stats):
     if mma != "mma-ks":
-        if unroll != 1 or persist or stages or feed != "lanes":
-            return "unroll, persist, stages and feed are knobs of the K-split tensor-core path"
+        if unroll != 1 or persist or stages or feed != "lanes" or stats != "lanes":
+            return "unroll, persist, stages, feed and stats are knobs of the K-split tensor-core path"
         return None
+    if stats == "tile" and stages:
+        return "the tile's scale table (stats tile) is a structure of the register feed (stages 0)"
     if feed == "bulk" and not stages:
         return "the bulk feed fills a shared-memory ring: it needs stages"
     if feed == "lanes" and stages == 2:
@@ -142,7 +150,7 @@ def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, pers
         return "the shared-memory ring (stages) replaces the register prefetch"
     if stages and unroll > 2:
         return "the shared-memory ring takes groups of 1 or 2 windows (its depth is the stages)"
-    regs = ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch, stages, feed)
+    regs = ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch, stages, feed, stats)
     if regs > 128:
         return f"{regs} registers of loads in flight exceed 128"
     if feed == "bulk":
@@ -266,7 +274,10 @@ class MatmulPlan:
                                            f"{groupsize} blocks (the bulk feed copies two group absmax per row)")
             else:
                 ring = ring_bytes(c.load_bytes, c.rows_per_warp, c.unroll, c.stages, c.warps)
+            if c.stats == "tile":
+                ring = scale_table_bytes(c.rows_per_warp, kper, blocksize)
             # (lut pairx: its 64 KiB table first, in dynamic shared memory), the partial sums, the ring
+            # (or the tile's scale table)
             self.smem = (256 * 64 * 4 if c.lut == "pairx" else 0) + c.warps * c.mtile * c.rows_per_warp * 4 + ring
             static = 64 + 1024 + 16 * c.stages + (256 * 32 * 4 if c.lut == "pair" else 0)
             if self.smem + static > limits.smem_per_block_optin:
@@ -419,6 +430,10 @@ class MatmulFamily(Family):
              help="mma-ks with stages: lanes: each lane copies its own bytes into its warp's ring; bulk: a "
                   "producer warp copies each chunk (W and A rows by cp.async.bulk, sm_90+, and the statistics) "
                   "into a ring the CTA's warps share, mbarrier-guarded: the other warps only read shared memory"),
+        Knob("stats", ("lanes", "tile"), "source", "NF4T_STATS", label="stats:{}",
+             help="mma-ks, register feed: lanes: every lane loads and decodes its rows' statistics with each "
+                  "window; tile: the CTA decodes the row tile's scales for its K slice into shared memory first "
+                  "(each block once), a lane's scale is then one shared-memory load"),
         Knob("dtype", DTYPES, "problem", "NF4T_ACT", help="activation (and output) dtype"),
         Knob("quant", QUANTS, "problem", "NF4T_QUANT", help="4-bit code: nf4 or fp4"),
         Knob("m", M_BUCKETS, "problem", label="", help="the batch bucket the config is tuned for (not in the source)"),
@@ -429,7 +444,7 @@ class MatmulFamily(Family):
         Constraint(("mma", "prefetch"), _prefetch_simt),
         Constraint(("mma", "lut"), _lut_path),
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "warps", "astage", "unroll", "persist",
-                    "prefetch", "stages", "feed"), _ks_shape),
+                    "prefetch", "stages", "feed", "stats"), _ks_shape),
     )
     constraint_text = (
         "mma: load_bytes 16, rows_per_warp 16/32/64, mtile 8/16, scale value, dtype bf16/fp16",
@@ -438,11 +453,12 @@ class MatmulFamily(Family):
         "simt: mtile <= the batch bucket m; mma, mma-ks: mtile 8 when m <= 8",
         "mma-ks: rows_per_warp 16/32 (rows per CTA), mtile 8/16, scale block, A global, dtype bf16/fp16, "
         "warps*rows*mtile <= 2048, loads in flight <= 128 registers, the ring (stages) <= 160 KiB and without "
-        "prefetch; the bulk feed with stages; unroll, persist, stages, feed and lut prmt/pairx only here",
+        "prefetch; the bulk feed with stages; stats tile without stages; unroll, persist, stages, feed, stats and "
+        "lut prmt/pairx only here",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
-                    astage="global", scale="block", wload="stream", prefetch=0, unroll=1, persist=0, stages=0, feed="lanes",
+                    astage="global", scale="block", wload="stream", prefetch=0, unroll=1, persist=0, stages=0, feed="lanes", stats="lanes",
                     dtype="bf16",
                     quant="nf4", m=1)
     presets = {
@@ -452,7 +468,7 @@ class MatmulFamily(Family):
     }
     refine_order = ("ksplit", "warps", "rows_per_warp", "prefetch", "wload", "scale", "load_bytes", "mtile", "mma",
                     "lut", "astage", "unroll", "persist", "stages",
-                    "feed")
+                    "feed", "stats")
     peer_label = REF_BNB_MATMUL
     ceiling_label = REF_READ
     problem_knobs = {"dtype": "dtype", "quant": "quant", "m": "m"}
