@@ -4,7 +4,7 @@
 #   tests        every GPU test (pytest -m gpu)
 #   bench        dequant: the six target shapes (presets and the best hand-picked config)
 #   quality      dequant: a fresh 30-trial search at 8192x8192, then the exhaustive best beside it
-#   readfloor    matmul: a read-only reduction of exactly each target's bytes (the small-size floor)
+#   readfloor    matmul: a read-only reduction of exactly each target's bytes, torch.sum and a tuned Triton sweep (the small-size floor)
 #   mmtests      matmul: the family's GPU tests only
 #   mmexplore    matmul: the space (or $MM_SWEEP's part) screened at $MM_PROBLEMS, finalists in full
 #   mmsearch     matmul: searches of the target shapes x batch buckets ($MM_SHAPES, $MM_BUCKETS)
@@ -71,7 +71,7 @@ if want mmexplore; then
 fi
 if want readfloor; then
   # what a pure read of each target's bytes costs (the floor a decode-sized matmul cannot beat)
-  $py ci/read_floor.py 2>&1 | tee "$OUT/readfloor.txt"
+  $py ci/read_floor.py --tuned 2>&1 | tee "$OUT/readfloor.txt"
 fi
 if want mmtests; then
   # the matmul family's GPU tests only
