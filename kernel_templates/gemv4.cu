@@ -67,7 +67,7 @@
 //                of its rows' runs (absmax byte and group absmax, or the float absmax) with each window and
 //                finishes the scale itself, the four lanes of a quad the same block's; 1 tile: before a row
 //                tile's windows the CTA decodes every scale of the tile's K slice into shared memory (each
-//                block once per CTA, all of a thread's loads issued before the first is used), and a lane's
+//                block once per CTA; a thread issues the loads of 8 entries before it decodes them), and a lane's
 //                scale is then one ld.shared per row and window: no statistics' addresses, loads or decode
 //                in the loop, and no statistics registers in flight.
 //   NF4T_ACT     0 bf16, 1 fp16, 2 fp32 activations (and output, bias)
