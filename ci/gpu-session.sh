@@ -5,6 +5,7 @@
 #   bench        dequant: the six target shapes (presets and the best hand-picked config)
 #   quality      dequant: a fresh 30-trial search at 8192x8192, then the exhaustive best beside it
 #   readfloor    matmul: a read-only reduction of exactly each target's bytes, torch.sum and a tuned Triton sweep (the small-size floor)
+#   inflight     read bandwidth against bytes in flight per SM (a persistent Triton read)
 #   mmtests      matmul: the family's GPU tests only
 #   mmexplore    matmul: the space (or $MM_SWEEP's part) screened at $MM_PROBLEMS, finalists in full
 #   mmsearch     matmul: searches of the target shapes x batch buckets ($MM_SHAPES, $MM_BUCKETS)
@@ -72,6 +73,10 @@ fi
 if want readfloor; then
   # what a pure read of each target's bytes costs (the floor a decode-sized matmul cannot beat)
   $py ci/read_floor.py --tuned 2>&1 | tee "$OUT/readfloor.txt"
+fi
+if want inflight; then
+  # read bandwidth against the bytes each SM keeps in flight (a persistent Triton read, no pipelining)
+  $py ci/read_inflight.py 2>&1 | tee "$OUT/inflight.txt"
 fi
 if want mmtests; then
   # the matmul family's GPU tests only
