@@ -63,13 +63,13 @@
 //                each chunk (W's and A's rows by cp.async.bulk, one instruction per row; the rows'
 //                statistics by cp.async) into a ring of chunks the CTA's warps share, guarded by
 //                mbarriers (sm_90 and newer); the other warps only read shared memory and compute.
-//   NF4T_STATS   mma-ks with the register feed (NF4T_STAGES 0): 0 lanes: every lane loads the raw statistics
+//   NF4T_STATS   mma-ks, register feed or per-warp ring (not the bulk feed): 0 lanes: every lane loads the raw statistics
 //                of its rows' runs (absmax byte and group absmax, or the float absmax) with each window and
 //                finishes the scale itself, the four lanes of a quad the same block's; 1 tile: before a row
 //                tile's windows the CTA decodes every scale of the tile's K slice into shared memory (each
 //                block once per CTA; a thread issues the loads of 8 entries before it decodes them), and a lane's
 //                scale is then one ld.shared per row and window: no statistics' addresses, loads or decode
-//                in the loop, and no statistics registers in flight.
+//                in the loop, and no statistics registers in flight (the per-warp ring copies W only).
 //   NF4T_ACT     0 bf16, 1 fp16, 2 fp32 activations (and output, bias)
 //   NF4T_QUANT   0 nf4, 1 fp4
 // Launch knobs (not macros): threads per CTA (WARPS x 32, read as blockDim.x) and the split-K
@@ -747,8 +747,8 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
 #define NF4T_WIN (4 * NF4T_RUN)              // K per window
 #define NF4T_NBMAX (NF4T_WIN / 32)           // blocks a window can span (blocksize 32)
 #define NF4T_U NF4T_UNROLL
-#if NF4T_STATS == 1 && NF4T_STAGES > 0
-#error "the tile's scale table (NF4T_STATS 1) is a register-feed (NF4T_STAGES 0) structure"
+#if NF4T_STATS == 1 && NF4T_FEED == 1
+#error "the tile's scale table (NF4T_STATS 1) is not a structure of the bulk feed (it copies the statistics itself)"
 #endif
 
 #if NF4T_LUT == 3
@@ -925,7 +925,11 @@ __device__ __forceinline__ void ks_load(KsGroup& G, const act_t* __restrict__ A,
 // ring needs no barrier: a lane's own cp.async.wait_group makes its copies visible to it. A, small
 // and an L1/L2 hit, is loaded into registers one group ahead.
 #define NF4T_SLOT_W (NF4T_U * NF4T_RT * 2 * 32 * NF4T_LOAD)    // W of one group of one warp
+#if NF4T_STATS == 1
+#define NF4T_SLOT NF4T_SLOT_W                                      // the scales are in the tile's table
+#else
 #define NF4T_SLOT (NF4T_SLOT_W + NF4T_U * NF4T_RT * 2 * 32 * 8)  // ... and its statistics
+#endif
 
 // NF4T_WLOAD 1 (stream): the copies of W carry an L2 evict-first policy (W is read once; A and the
 // statistics stay); 16-byte copies bypass L1 (.cg) either way.
@@ -973,6 +977,7 @@ __device__ __forceinline__ void ks_issue(u32 slot, const u8* __restrict__ B, con
                 const bool valid = in_k && n < N;
                 const u32 i = ((u * NF4T_RT + rt) * 2 + h) * 32 + lane;
                 cp_async_w(slot + i * NF4T_LOAD, valid ? B + (((u64)n * K + k) >> 1) : B, valid, pol);
+#if NF4T_STATS == 0
                 const u32 b = valid ? (n * K + k) >> s.log2_bs : 0u;
                 const u32 st = slot + NF4T_SLOT_W + i * 8;
                 if (s.absmax_f != nullptr) {
@@ -984,6 +989,7 @@ __device__ __forceinline__ void ks_issue(u32 slot, const u8* __restrict__ B, con
                     cp_async4(st, s.absmax_q + w0, valid ? min(4u, nblocks - w0) : 0u);
                     cp_async4(st + 4, s.absmax2 + (b >> s.log2_g), valid ? 4u : 0u);
                 }
+#endif
             }
         }
     }
@@ -992,7 +998,11 @@ __device__ __forceinline__ void ks_issue(u32 slot, const u8* __restrict__ B, con
 
 // the group's W and raw statistics from this lane's slot back into registers
 __device__ __forceinline__ void ks_read_slot(u32 slot, u32 lane, KsGroup& G, const Scales& s, u32 row0, u32 K,
-                                             u32 g, u32 t, u32 kw, u32 kstep) {
+                                             u32 k_end, u32 g, u32 t, u32 kw, u32 kstep) {
+#if NF4T_STATS == 1
+#pragma unroll
+    for (int u = 0; u < NF4T_U; ++u) G.j[u] = min(kw + u * kstep + t * NF4T_RUN, k_end - 1u) >> s.log2_bs;
+#endif
 #pragma unroll
     for (int u = 0; u < NF4T_U; ++u)
 #pragma unroll
@@ -1012,6 +1022,7 @@ __device__ __forceinline__ void ks_read_slot(u32 slot, u32 lane, KsGroup& G, con
 #else
                 asm volatile("ld.shared.u32 %0, [%1];" : "=r"(G.w[u][rt][h][0]) : "r"(src) : "memory");
 #endif
+#if NF4T_STATS == 0
                 u32 qw, aw;
                 asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(qw), "=r"(aw)
                              : "r"(slot + NF4T_SLOT_W + i * 8) : "memory");
@@ -1025,6 +1036,7 @@ __device__ __forceinline__ void ks_read_slot(u32 slot, u32 lane, KsGroup& G, con
                     G.raw[u][rt][h].q = (qw >> (8 * (b & 3u))) & 0xffu;
                     G.raw[u][rt][h].a = __uint_as_float(aw);
                 }
+#endif
             }
 }
 #endif
@@ -1487,8 +1499,12 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     const u32 nblocks = (N * K) >> log2_bs;
 #endif
 #if NF4T_STATS == 1
-    // the scale table after the partial sums: the slice's block columns jb0 .. jb0 + nj - 1
+    // the scale table after the partial sums (and the warps' rings): the slice's block columns jb0 .. jb0 + nj - 1
+#if NF4T_STAGES > 0
+    float* tab = red + warps * NF4T_MTILE * NF4T_RPW + warps * NF4T_STAGES * NF4T_SLOT / 4;
+#else
     float* tab = red + warps * NF4T_MTILE * NF4T_RPW;
+#endif
     const u32 jb0 = k_begin >> log2_bs, nj = ((k_end - 1u) >> log2_bs) - jb0 + 1u;
     const float* stab = tab - jb0 * NF4T_SROW + g;
 #else
@@ -1549,7 +1565,7 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
                             asm volatile("cp.async.commit_group;" ::: "memory");
                         asm volatile("cp.async.wait_group %0;" ::"n"(NF4T_STAGES - 1) : "memory");   // group j landed
                         KsGroup G;
-                        ks_read_slot(ring_base + st * NF4T_SLOT, lane, G, s, row0, K, g, t, kw0 + j * gstep, kstep);
+                        ks_read_slot(ring_base + st * NF4T_SLOT, lane, G, s, row0, K, k_end, g, t, kw0 + j * gstep, kstep);
 #pragma unroll
                         for (int u = 0; u < NF4T_U; ++u)
 #pragma unroll
@@ -1557,7 +1573,7 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
 #pragma unroll
                                 for (int q = 0; q < NF4T_LOAD; ++q) G.a[u][nt][q] = a_next[u][nt][q];
                         if (j + 1 < ngroups) ks_load_a(a_next, A, K, k_end, m0, mrows, g, t, kw0 + (j + 1) * gstep, kstep);
-                        ks_compute(G, acc, s, nb, sub, lane, lane4, nullptr);
+                        ks_compute(G, acc, s, nb, sub, lane, lane4, stab);
                     }
                 }
             }

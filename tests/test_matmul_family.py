@@ -359,19 +359,18 @@ def test_pairx_offsets_are_one_byte_permute_of_the_word_and_the_lane():
 
 
 def test_the_tile_scale_table_constraints_registers_and_shared_memory(compile_cache):
-    """stats tile: the register feed's structure only; no statistics registers in flight (one block
-    column per window); the table (a float per block column of the K slice, plus one for a slice
-    inside a block, x the tile's rows + 1) sized into the plan after the partial sums; the template
-    refuses a ring with it."""
-    from tuner.families.matmul import ks_registers, scale_table_bytes
+    """stats tile: the register feed and the per-warp ring (which then copies W only), not the bulk
+    feed; no statistics registers in flight (one block column per window); the table (a float per
+    block column of the K slice, plus one for a slice inside a block, x the tile's rows + 1) sized
+    into the plan after the partial sums and the rings; the template refuses the bulk feed with it."""
+    from tuner.families.matmul import ks_registers, ring_bytes, scale_table_bytes
     from tuner.kernel.compiler import CompileError, compile_source
 
     ks = dict(mma="mma-ks", rows_per_warp=32, mtile=8, scale="block", load_bytes=8, warps=8, unroll=2, m=1)
     assert MM.config(**ks, stats="tile").stats == "tile"
     assert MM.config(**ks, lut="pairx", prefetch=1, persist=1, stats="tile").prefetch == 1
-    with pytest.raises(InvalidConfig, match="register feed"):
-        MM.config(**ks, stages=4, stats="tile")
-    with pytest.raises(InvalidConfig, match="register feed"):
+    assert MM.config(**ks, stages=4, stats="tile").stages == 4
+    with pytest.raises(InvalidConfig, match="not a structure of the bulk feed"):
         MM.config(**ks, stages=4, feed="bulk", stats="tile")
     with pytest.raises(InvalidConfig, match="knobs of the K-split"):
         MM.config(stats="tile", m=1)
@@ -391,11 +390,17 @@ def test_the_tile_scale_table_constraints_registers_and_shared_memory(compile_ca
     assert tile.smem == lanes.smem + scale_table_bytes(32, 8192, 64)
     split = MatmulPlan(MM.config(**dict(ks, ksplit=4), stats="tile"), 1, 8192, 8192, 64, 256, h200, device="cpu")
     assert split.smem == lanes.smem + scale_table_bytes(32, 2048, 64)
+    # the ring with the table: W only in the slots (no 8 bytes of statistics per lane and row pair)
+    assert ring_bytes(8, 32, 2, 4, 8, stats="tile") == 8 * 4 * 2 * 2 * 2 * 32 * 8
+    assert ring_bytes(8, 32, 2, 4, 8) == 8 * 4 * 2 * 2 * 2 * 32 * 16
+    ring = MatmulPlan(MM.config(**ks, stages=4, stats="tile"), 1, 8192, 8192, 64, 256, h200, device="cpu")
+    assert ring.smem == lanes.smem + ring_bytes(8, 32, 2, 4, 8, stats="tile") + scale_table_bytes(32, 8192, 64)
+    assert not ring.ring                     # no statistics copied: no alignment check
     with pytest.raises(UnsupportedInput, match="exceed the device's"):     # K 28672 at blocksize 32 without opt-in
         MatmulPlan(MM.config(**ks, stats="tile"), 1, 4096, 28672, 32, 256, LIMITS, device="cpu")
-    # the template: the table only in the register feed
-    c = MM.config(**ks, stats="tile")
-    assert compile_source(c.render(), "sm_90", "nf4t_matmul", cache_dir=compile_cache).registers <= 128
-    ring = MM.config(**ks, stages=4).render().replace("#define NF4T_STATS 0", "#define NF4T_STATS 1")
-    with pytest.raises(CompileError, match="register-feed"):
-        compile_source(ring, "sm_90", "nf4t_matmul", cache_dir=compile_cache)
+    # the template: the table in the register feed and the ring, not in the bulk feed
+    for c in (MM.config(**ks, stats="tile"), MM.config(**ks, stages=4, stats="tile")):
+        assert compile_source(c.render(), "sm_90", "nf4t_matmul", cache_dir=compile_cache).registers <= 128
+    bulk = MM.config(**ks, stages=4, feed="bulk").render().replace("#define NF4T_STATS 0", "#define NF4T_STATS 1")
+    with pytest.raises(CompileError, match="not a structure of the bulk feed"):
+        compile_source(bulk, "sm_90", "nf4t_matmul", cache_dir=compile_cache)

@@ -90,6 +90,12 @@ CONFIGS = [
              lut="register", unroll=4, stats="tile", wload="plain")),
     (16, dict(mma="mma-ks", load_bytes=8, rows_per_warp=16, mtile=16, warps=4, ksplit=1, scale="block", lut="prmt",
               unroll=2, prefetch=1, persist=1, stats="tile")),
+    # ... and with the per-warp ring (W only through it): groups of one and two windows, split-K,
+    # persistent CTAs, both batch tiles
+    (1, dict(mma="mma-ks", load_bytes=8, rows_per_warp=32, mtile=8, warps=8, ksplit=2, scale="block", lut="pairx",
+             stages=4, stats="tile")),
+    (16, dict(mma="mma-ks", load_bytes=16, rows_per_warp=16, mtile=16, warps=4, ksplit=1, scale="block",
+              lut="register", stages=4, unroll=2, persist=1, stats="tile", wload="plain")),
 ]
 
 
@@ -110,7 +116,7 @@ def test_large_k_and_the_five_target_shapes(seed):
     for n, k in ((1024, 4096), (4096, 14336), (28672, 8192)):
         for m, knobs in ((1, CONFIGS[0][1]), (16, dict(CONFIGS[7][1], astage="global")), (1, CONFIGS[13][1]),
                          (1, CONFIGS[19][1]), (1, CONFIGS[21][1]), (1, CONFIGS[25][1]), (1, CONFIGS[26][1]),
-                         (16, CONFIGS[28][1])):
+                         (16, CONFIGS[28][1]), (1, CONFIGS[29][1]), (16, CONFIGS[30][1])):
             c = MM.config(**knobs, dtype="bf16", quant="nf4", m=m)
             r = check_config(c, P(n, k, m), seed=seed)
             assert r.ok, f"{c.short()} {n}x{k}: {r.reason}"
@@ -133,7 +139,8 @@ def test_plain_absmax(seed):
     want = MM.expected(plain)
     for knobs in (CONFIGS[3][1], dict(CONFIGS[6][1], mtile=8), CONFIGS[9][1], CONFIGS[10][1], CONFIGS[13][1],
                   CONFIGS[14][1], CONFIGS[17][1], dict(CONFIGS[18][1], mtile=8), CONFIGS[19][1], CONFIGS[20][1],
-                  CONFIGS[23][1], CONFIGS[25][1], CONFIGS[26][1], dict(CONFIGS[28][1], mtile=8)):
+                  CONFIGS[23][1], CONFIGS[25][1], CONFIGS[26][1], dict(CONFIGS[28][1], mtile=8), CONFIGS[29][1],
+                  dict(CONFIGS[30][1], mtile=8)):
         c = MM.config(**knobs, m=8 if knobs.get("mma") == "mma" else 2)
         out = MM.new_output(plain)
         bind(load_kernel(c), plain, out)()
@@ -148,7 +155,8 @@ def test_the_scale_table_with_large_blocks_and_slices_inside_a_block(seed):
 
     for bs, ksplit, m, knobs in ((4096, 4, 1, CONFIGS[25][1]), (4096, 4, 1, CONFIGS[26][1]),
                                  (2048, 8, 8, CONFIGS[25][1]), (2048, 8, 4, CONFIGS[27][1]),
-                                 (1024, 16, 16, CONFIGS[28][1]), (1024, 16, 1, CONFIGS[26][1])):
+                                 (1024, 16, 16, CONFIGS[28][1]), (1024, 16, 1, CONFIGS[26][1]),
+                                 (4096, 4, 1, CONFIGS[29][1]), (2048, 8, 16, CONFIGS[30][1])):
         c = MM.config(**dict(knobs, ksplit=ksplit), dtype="bf16", quant="nf4", m=m)
         r = check_config(c, P(777, 8192, m, bs=bs), seed=seed)
         assert r.ok, f"{c.short()} bs{bs}: {r.reason}"
@@ -160,7 +168,7 @@ def test_the_scale_table_with_large_blocks_and_slices_inside_a_block(seed):
     want = MM.expected(plain)
     from tuner.kernel.launch import bind, load_kernel
 
-    for knobs in (CONFIGS[25][1], CONFIGS[26][1]):
+    for knobs in (CONFIGS[25][1], CONFIGS[26][1], CONFIGS[29][1]):
         c = MM.config(**dict(knobs, ksplit=8), m=1)
         out = MM.new_output(plain)
         bind(load_kernel(c), plain, out)()

@@ -95,10 +95,11 @@ def scale_table_bytes(rows_per_warp, kper, blocksize) -> int:
     return (-(-kper // blocksize) + 1) * (rows_per_warp + 1) * 4
 
 
-def ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps) -> int:
+def ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps, stats="lanes") -> int:
     """Shared memory of the K-split path's ring: ``stages`` groups per warp, each W (``load_bytes``
-    per lane and row pair) and its statistics (8 bytes per lane and row pair)."""
-    return warps * stages * unroll * (rows_per_warp // 16) * 2 * 32 * (load_bytes + 8)
+    per lane and row pair) and its statistics (8 bytes per lane and row pair; none with the tile's
+    scale table)."""
+    return warps * stages * unroll * (rows_per_warp // 16) * 2 * 32 * (load_bytes + (0 if stats == "tile" else 8))
 
 
 def bulk_chunk(load_bytes, warps, unroll) -> int:
@@ -136,8 +137,8 @@ def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, pers
         if unroll != 1 or persist or stages or feed != "lanes" or stats != "lanes":
             return "unroll, persist, stages, feed and stats are knobs of the K-split tensor-core path"
         return None
-    if stats == "tile" and stages:
-        return "the tile's scale table (stats tile) is a structure of the register feed (stages 0)"
+    if stats == "tile" and feed == "bulk":
+        return "the tile's scale table (stats tile) is not a structure of the bulk feed (it copies the statistics)"
     if feed == "bulk" and not stages:
         return "the bulk feed fills a shared-memory ring: it needs stages"
     if feed == "lanes" and stages == 2:
@@ -156,7 +157,7 @@ def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, pers
     if feed == "bulk":
         ring = bulk_ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps, mtile)
     else:
-        ring = ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps)
+        ring = ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps, stats)
     if ring > 160 * 1024:
         return f"a ring of {ring} bytes exceeds 160 KiB of shared memory per CTA"
     return None
@@ -247,7 +248,7 @@ class MatmulPlan:
             raise UnsupportedInput(f"{c.short()}: {registers} registers x {threads} threads exceeds the "
                                    f"{limits.regs_per_sm} registers of an SM; the block cannot launch")
         self.config = c
-        self.ring = c.stages > 0            # statistics copied in aligned 4-byte words (check_stats)
+        self.ring = c.stages > 0 and c.stats != "tile"     # statistics copied in aligned 4-byte words (check_stats)
         self.M, self.N, self.K = M, N, K
         self.blocksize, self.groupsize = blocksize, groupsize
         if c.mma == "mma-ks":
@@ -273,11 +274,11 @@ class MatmulPlan:
                     raise UnsupportedInput(f"{c.short()}: a chunk of {kc} values may span more than two groups of "
                                            f"{groupsize} blocks (the bulk feed copies two group absmax per row)")
             else:
-                ring = ring_bytes(c.load_bytes, c.rows_per_warp, c.unroll, c.stages, c.warps)
+                ring = ring_bytes(c.load_bytes, c.rows_per_warp, c.unroll, c.stages, c.warps, c.stats)
             if c.stats == "tile":
-                ring = scale_table_bytes(c.rows_per_warp, kper, blocksize)
-            # (lut pairx: its 64 KiB table first, in dynamic shared memory), the partial sums, the ring
-            # (or the tile's scale table)
+                ring += scale_table_bytes(c.rows_per_warp, kper, blocksize)
+            # (lut pairx: its 64 KiB table first, in dynamic shared memory), the partial sums, the ring,
+            # the tile's scale table
             self.smem = (256 * 64 * 4 if c.lut == "pairx" else 0) + c.warps * c.mtile * c.rows_per_warp * 4 + ring
             static = 64 + 1024 + 16 * c.stages + (256 * 32 * 4 if c.lut == "pair" else 0)
             if self.smem + static > limits.smem_per_block_optin:
@@ -431,9 +432,9 @@ class MatmulFamily(Family):
                   "producer warp copies each chunk (W and A rows by cp.async.bulk, sm_90+, and the statistics) "
                   "into a ring the CTA's warps share, mbarrier-guarded: the other warps only read shared memory"),
         Knob("stats", ("lanes", "tile"), "source", "NF4T_STATS", label="stats:{}",
-             help="mma-ks, register feed: lanes: every lane loads and decodes its rows' statistics with each "
-                  "window; tile: the CTA decodes the row tile's scales for its K slice into shared memory first "
-                  "(each block once), a lane's scale is then one shared-memory load"),
+             help="mma-ks, register feed or per-warp ring: lanes: every lane loads (or copies) and decodes its "
+                  "rows' statistics with each window; tile: the CTA decodes the row tile's scales for its K slice "
+                  "into shared memory first (each block once), a lane's scale is then one shared-memory load"),
         Knob("dtype", DTYPES, "problem", "NF4T_ACT", help="activation (and output) dtype"),
         Knob("quant", QUANTS, "problem", "NF4T_QUANT", help="4-bit code: nf4 or fp4"),
         Knob("m", M_BUCKETS, "problem", label="", help="the batch bucket the config is tuned for (not in the source)"),
@@ -453,7 +454,7 @@ class MatmulFamily(Family):
         "simt: mtile <= the batch bucket m; mma, mma-ks: mtile 8 when m <= 8",
         "mma-ks: rows_per_warp 16/32 (rows per CTA), mtile 8/16, scale block, A global, dtype bf16/fp16, "
         "warps*rows*mtile <= 2048, loads in flight <= 128 registers, the ring (stages) <= 160 KiB and without "
-        "prefetch; the bulk feed with stages; stats tile without stages; unroll, persist, stages, feed, stats and "
+        "prefetch; the bulk feed with stages; stats tile not with the bulk feed; unroll, persist, stages, feed, stats and "
         "lut prmt/pairx only here",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
