@@ -76,8 +76,9 @@ def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
 def ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch, stages=0, feed="lanes", stats="lanes") -> int:
     """32-bit registers the K-split path holds for its loads in flight: per window, W (two rows of
     each m16 tile), the raw statistics (with the tile's scale table: one block column instead),
-    and the batch rows' run of A; twice that when the next group is prefetched. With the per-warp shared-memory ring (``stages`` > 0) W and the statistics
-    are in shared memory: the registers hold A for two groups. With the bulk feed everything is in
+    and the batch rows' run of A; twice that when the next group is prefetched. With the per-warp
+    shared-memory ring (``stages`` > 0) W and the statistics are in shared memory: the registers
+    hold A for two groups. With the bulk feed everything is in
     shared memory: the registers hold one group (W, the statistics and A) read back."""
     words = max(1, load_bytes // 4)
     rt, nt = rows_per_warp // 16, mtile // 8
@@ -454,8 +455,8 @@ class MatmulFamily(Family):
         "simt: mtile <= the batch bucket m; mma, mma-ks: mtile 8 when m <= 8",
         "mma-ks: rows_per_warp 16/32 (rows per CTA), mtile 8/16, scale block, A global, dtype bf16/fp16, "
         "warps*rows*mtile <= 2048, loads in flight <= 128 registers, the ring (stages) <= 160 KiB and without "
-        "prefetch; the bulk feed with stages; stats tile not with the bulk feed; unroll, persist, stages, feed, stats and "
-        "lut prmt/pairx only here",
+        "prefetch; the bulk feed with stages; stats tile not with the bulk feed; unroll, persist, stages, feed, "
+        "stats and lut prmt/pairx only here",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
