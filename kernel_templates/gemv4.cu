@@ -858,6 +858,15 @@ struct KsGroup {                                   // the loads of one group of 
     u32 a[NF4T_U][NF4T_NT][NF4T_LOAD];             // the batch row g of each n8 tile, 16-bit pairs
 };
 
+#if NF4T_STATS == 1
+// the block column of each window's run in the group (past the slice: the last one, a finite scale
+// that meets zeros)
+__device__ __forceinline__ void ks_columns(KsGroup& G, u32 log2_bs, u32 k_end, u32 t, u32 kw, u32 kstep) {
+#pragma unroll
+    for (int u = 0; u < NF4T_U; ++u) G.j[u] = min(kw + u * kstep + t * NF4T_RUN, k_end - 1u) >> log2_bs;
+}
+#endif
+
 // the batch rows' runs of A for a group (16-bit pairs; rows past the batch and K past the slice are 0)
 __device__ __forceinline__ void ks_load_a(u32 (&a)[NF4T_U][NF4T_NT][NF4T_LOAD], const act_t* __restrict__ A,
                                           u32 K, u32 k_end, u32 m0, u32 mrows, u32 g, u32 t, u32 kw, u32 kstep) {
@@ -905,11 +914,7 @@ __device__ __forceinline__ void ks_load(KsGroup& G, const act_t* __restrict__ A,
         }
     }
 #if NF4T_STATS == 1
-#pragma unroll
-    for (int u = 0; u < NF4T_U; ++u) {
-        const u32 k = kw + u * kstep + t * NF4T_RUN;
-        G.j[u] = min(k, k_end - 1u) >> s.log2_bs;    // (past the slice: any finite scale meets zeros)
-    }
+    ks_columns(G, s.log2_bs, k_end, t, kw, kstep);
 #endif
     ks_load_a(G.a, A, K, k_end, m0, mrows, g, t, kw, kstep);
 }
@@ -1000,8 +1005,7 @@ __device__ __forceinline__ void ks_issue(u32 slot, const u8* __restrict__ B, con
 __device__ __forceinline__ void ks_read_slot(u32 slot, u32 lane, KsGroup& G, const Scales& s, u32 row0, u32 K,
                                              u32 k_end, u32 g, u32 t, u32 kw, u32 kstep) {
 #if NF4T_STATS == 1
-#pragma unroll
-    for (int u = 0; u < NF4T_U; ++u) G.j[u] = min(kw + u * kstep + t * NF4T_RUN, k_end - 1u) >> s.log2_bs;
+    ks_columns(G, s.log2_bs, k_end, t, kw, kstep);
 #endif
 #pragma unroll
     for (int u = 0; u < NF4T_U; ++u)
