@@ -328,14 +328,15 @@ class Family:
     def _group_choices(self, group: tuple, fixed: dict) -> list[tuple]:
         """Valid value combinations of ``group`` given fixed problem knob values (constraints
         that involve only the group's knobs and problem knobs)."""
-        key = _group_key(group, fixed)
-        cache = self.__dict__.setdefault("_group_choices_cache", {})
-        hit = cache.get(key)
-        if hit is not None:
-            return hit
-        combos = self._walk_group(group, fixed)
-        cache[key] = combos
-        return combos
+        return self._memo("_group_choices_cache", _group_key(group, fixed), lambda: self._walk_group(group, fixed))
+
+    def _memo(self, cache_name: str, key, build):
+        """``build()`` once per key, kept in the instance's cache ``cache_name`` (dropped by
+        :meth:`extended`)."""
+        cache = self.__dict__.setdefault(cache_name, {})
+        if key not in cache:
+            cache[key] = build()
+        return cache[key]
 
     def _walk_group(self, group: tuple, fixed: dict) -> list[tuple]:
         """The valid combinations of ``group``, in ``itertools.product`` order, by a depth-first
@@ -463,12 +464,8 @@ class Family:
     def _choice_map(self, group: tuple, fixed: dict) -> dict:
         """choice text -> combination of ``group`` (built once per group and problem: a search
         turns every trial's parameters back into a config)."""
-        key = _group_key(group, fixed)
-        cache = self.__dict__.setdefault("_choice_map_cache", {})
-        hit = cache.get(key)
-        if hit is None:
-            hit = cache[key] = {self._choice_text(c): c for c in self._group_choices(group, fixed)}
-        return hit
+        return self._memo("_choice_map_cache", _group_key(group, fixed),
+                          lambda: {self._choice_text(c): c for c in self._group_choices(group, fixed)})
 
     def params_from_config(self, config: Config) -> dict:
         return {self.param_name(g): self._choice_text(tuple(getattr(config, k) for k in g)) for g in self.groups}

@@ -276,11 +276,11 @@ class MatmulPlan:
                                            f"{groupsize} blocks (the bulk feed copies two group absmax per row)")
             else:
                 ring = ring_bytes(c.load_bytes, c.rows_per_warp, c.unroll, c.stages, c.warps, c.stats)
-            if c.stats == "tile":
-                ring += scale_table_bytes(c.rows_per_warp, kper, blocksize)
+            table = scale_table_bytes(c.rows_per_warp, kper, blocksize) if c.stats == "tile" else 0
             # (lut pairx: its 64 KiB table first, in dynamic shared memory), the partial sums, the ring,
             # the tile's scale table
-            self.smem = (256 * 64 * 4 if c.lut == "pairx" else 0) + c.warps * c.mtile * c.rows_per_warp * 4 + ring
+            self.smem = ((256 * 64 * 4 if c.lut == "pairx" else 0) + c.warps * c.mtile * c.rows_per_warp * 4 + ring
+                         + table)
             static = 64 + 1024 + 16 * c.stages + (256 * 32 * 4 if c.lut == "pair" else 0)
             if self.smem + static > limits.smem_per_block_optin:
                 raise UnsupportedInput(f"{c.short()}: {self.smem} bytes of shared memory (partial sums and ring) "
