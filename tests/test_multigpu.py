@@ -43,9 +43,9 @@ def test_two_gpu_workers_fill_the_shared_studies_with_distinct_trials(tmp_path, 
         assert len({t.number for t in trials}) == len(trials)
         workers = {t.user_attrs.get("worker") for t in finished}
         assert workers == {"gpu0", "gpu1"}, workers          # both GPUs contributed to every study
-    # each worker measured its share under its own run; few configs twice (the two may pop one
-    # enqueued start point or refinement at once, and a config measured by the other worker is
-    # served from the database only once stored)
+    # each worker measured its share under its own run, and no config was measured twice: one
+    # worker queues the start points, a queued trial is taken by one worker, and a config the
+    # other worker is measuring is waited for and served from the database
     from db import Repository, connect
 
     repo = Repository(connect(url))
@@ -55,7 +55,7 @@ def test_two_gpu_workers_fill_the_shared_studies_with_distinct_trials(tmp_path, 
         per_run = [{m.config_id for m in repo.measurements(r.id) if m.config_id and m.shape == prob.shape_text}
                    for r in runs]
         print(prob.label(), [len(x) for x in per_run], len(per_run[0] & per_run[1]))
-        assert all(per_run) and len(per_run[0] & per_run[1]) <= len(per_run[0] | per_run[1]) // 4
+        assert all(per_run) and per_run[0].isdisjoint(per_run[1]), (prob.label(), per_run[0] & per_run[1])
     assert sum(c.new_trials for c in result.children) >= 32
     assert any(line.startswith("[gpu 0] ") for line in lines) and any(line.startswith("[gpu 1] ") for line in lines)
     assert result.seconds > 0 and all(c.seconds > 0 for c in result.children)

@@ -256,3 +256,114 @@ def test_heartbeat_settings_are_checked(monkeypatch):
         monkeypatch.setenv("NF4TUNE_GRACE_S", grace)
         with pytest.raises(ValueError, match=message):
             heartbeat_settings()
+
+
+def test_of_workers_opening_a_fresh_study_at_once_exactly_one_queues_the_starts(db_url):
+    # workers that finish one problem together reach the next problem's fresh study together;
+    # each used to see it empty and queue (then measure) every start point
+    import threading
+
+    import optuna
+
+    from tuner.tune.search import _open_study, _storage
+
+    _setup(db_url)
+    name = study_name(GPU, Problem((2048, 1024)))
+    barrier, results = threading.Barrier(4), []
+
+    def open_it():
+        storage = _storage(db_url)
+        barrier.wait()
+        results.append(_open_study(name, storage, optuna.samplers.RandomSampler(seed=0)))
+
+    threads = [threading.Thread(target=open_it) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(results) == 4 and sorted(created for _, created in results) == [False, False, False, True]
+    assert len({study._study_id for study, _ in results}) == 1
+    assert len(optuna.get_all_study_names(storage=db_url)) == 1
+
+
+def test_a_config_another_worker_is_measuring_is_waited_for_not_measured_twice(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    import optuna
+    from optuna.trial import TrialState
+
+    from tuner.tune.search import _storage, _wait_for_twin
+
+    monkeypatch.setenv("NF4TUNE_HEARTBEAT_S", "1")
+    monkeypatch.setenv("NF4TUNE_GRACE_S", "2")
+    storage = _storage(f"sqlite:///{tmp_path / 's.db'}")
+    study = optuna.create_study(study_name="twins", storage=storage)
+    dist = {"x": optuna.distributions.CategoricalDistribution([1, 2, 3, 4])}
+    for x in (1, 1, 2, 3, 3, 4, 4):     # two workers queued the same refinement (x=1, x=3, x=4)
+        study.enqueue_trial({"x": x})
+    first, second, other, dead, late = (study.ask(dist) for _ in range(5))
+    assert [t.params["x"] for t in (first, second, other, dead, late)] == [1, 1, 2, 3, 3]
+    assert _wait_for_twin(study, first.number) is None and _wait_for_twin(study, other.number) is None
+
+    # the one that started first measures; its twin waits for it to finish
+    threading.Timer(0.4, lambda: study.tell(first, 1.5)).start()
+    t0 = time.perf_counter()
+    assert _wait_for_twin(study, second.number) == first.number
+    assert time.perf_counter() - t0 >= 0.35
+    assert study.get_trials(deepcopy=False)[first.number].state == TrialState.COMPLETE
+
+    # the twin's worker died (one heartbeat, then silence): it is failed as stale and the wait ends
+    storage.record_heartbeat(dead._trial_id)
+    t0 = time.perf_counter()
+    assert _wait_for_twin(study, late.number) == dead.number
+    assert time.perf_counter() - t0 < 15
+    assert study.get_trials(deepcopy=False)[dead.number].state == TrialState.FAIL
+
+    # the start decides, not the number: the higher-numbered twin taken first measures, and the
+    # lower-numbered one taken after it waits (a worker may check before its twin is taken)
+    low, high = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
+    assert low.number < high.number and low.params == high.params == {}
+    storage.set_trial_state_values(high._trial_id, TrialState.RUNNING)
+    assert optuna.trial.Trial(study, high._trial_id).suggest_categorical("x", [1, 2, 3, 4]) == 4   # its queued x
+    time.sleep(0.01)
+    taken = study.ask(dist)
+    assert taken.number == low.number and taken.params["x"] == 4
+    assert _wait_for_twin(study, high.number) is None
+    threading.Timer(0.3, lambda: storage.set_trial_state_values(high._trial_id, TrialState.FAIL)).start()
+    assert _wait_for_twin(study, low.number) == high.number
+
+
+def test_workers_popping_queued_trials_at_once_never_take_the_same_one(db_url):
+    # optuna pops a queued trial by reading WAITING, then writing RUNNING; on SQLite two workers
+    # used to both read WAITING and both take (and measure) the trial (about a quarter of the
+    # pops of four workers here)
+    import collections
+    import threading
+
+    import optuna
+
+    from tuner.tune.search import _storage
+
+    _setup(db_url)
+    study = optuna.create_study(study_name="queue", storage=_storage(db_url))
+    for i in range(60):
+        study.enqueue_trial({"x": i})
+    dist = {"x": optuna.distributions.IntDistribution(0, 1000)}
+    taken, lock, barrier = collections.Counter(), threading.Lock(), threading.Barrier(4)
+
+    def work():
+        mine = optuna.load_study(study_name="queue", storage=_storage(db_url))
+        barrier.wait()
+        for _ in range(15):
+            t = mine.ask(dist)
+            with lock:
+                taken[t.number] += 1
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sum(taken.values()) == 60 and [n for n, c in taken.items() if c > 1] == []
+    assert sorted(taken) == list(range(60))      # every queued trial taken once, none made anew

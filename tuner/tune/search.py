@@ -8,7 +8,11 @@ live in the same database as the measurements (optuna's RDB storage), named
 workers (one per GPU) can share one. Each measuring worker records a heartbeat; a trial left
 RUNNING by a killed worker is failed (optuna's ``fail_stale_trials``) once its heartbeat is
 older than the grace period, by the resumed search or by another worker before each of its
-trials, so no study keeps a RUNNING trial forever and no finished trial is lost. The interval
+trials, so no study keeps a RUNNING trial forever and no finished trial is lost. Workers that
+share a study measure each config once: only the worker whose ``create_study`` made the study
+queues its start points, SQLite transactions take the write lock when they begin (so a queued
+trial is popped once; PostgreSQL locks the row), and a trial whose config another worker started
+measuring first waits for that measurement and takes it from the database. The interval
 and the grace period are read when the storage is made: ``NF4TUNE_HEARTBEAT_S`` and
 ``NF4TUNE_GRACE_S`` (whole seconds; default :data:`HEARTBEAT_S` and :data:`GRACE_S`).
 
@@ -122,12 +126,35 @@ def _storage(url: str, attempts: int = 8):
         try:
             with warnings.catch_warnings():
                 _ignore_heartbeat_notes()
-                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=beat,
-                                                  grace_period=grace)
+                storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=beat,
+                                                     grace_period=grace)
+            break
         except (SQLAlchemyError, RuntimeError):
             if i == attempts - 1:
                 raise
             time.sleep(0.2 * (i + 1))
+    if url.startswith("sqlite"):
+        _serialize_sqlite_transactions(storage.engine)
+    return storage
+
+
+def _serialize_sqlite_transactions(engine) -> None:
+    """Make every transaction on ``engine`` (optuna's, on SQLite) take the write lock when it
+    begins (``BEGIN IMMEDIATE``; SQLAlchemy's pysqlite recipe). optuna pops a queued trial by
+    reading its state and then writing RUNNING; SQLite has no ``SELECT ... FOR UPDATE`` and
+    pysqlite starts the transaction only at the write, so two workers could both read WAITING
+    and both take (and measure) the same trial. PostgreSQL locks the row and needs none of this."""
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _no_implicit_begin(dbapi_conn, _record):
+        dbapi_conn.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(conn):
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()    # connections opened before the listeners existed are not reused
 
 
 def _finished(study) -> list:
@@ -163,6 +190,42 @@ class _Heartbeat:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join(timeout=self._interval + 5)
+
+
+def _open_study(name: str, storage, sampler):
+    """(study, created): the study ``name``, made by this call when ``created``. create_study
+    inserts the unique study name, so of several workers opening a fresh study at once exactly
+    one gets ``created``; the others load what it made."""
+    import optuna
+
+    try:
+        return optuna.create_study(study_name=name, storage=storage, direction="minimize", sampler=sampler), True
+    except optuna.exceptions.DuplicatedStudyError:
+        return optuna.load_study(study_name=name, storage=storage, sampler=sampler), False
+
+
+def _wait_for_twin(study, number: int, poll_s: float = 0.02) -> Optional[int]:
+    """Wait while another RUNNING trial of ``study`` with the params of trial ``number`` started
+    before it (two workers took the same config, queued twice). Of twins, the one that started
+    first (then the lower number) measures, so two never wait for each other; a twin whose worker
+    died is failed as stale on the way, so the wait ends. The twin's number, or None when there
+    was none."""
+    from optuna.trial import TrialState
+
+    twin = None
+    while True:
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        mine = next((t for t in running if t.number == number), None)
+        if mine is None:
+            return twin     # this trial itself was failed meanwhile
+        key = (mine.datetime_start, number)
+        earlier = [t.number for t in running
+                   if t.number != number and t.params == mine.params and (t.datetime_start, t.number) < key]
+        if not earlier:
+            return twin
+        twin = earlier[0]
+        time.sleep(poll_s)
+        fail_stale_trials(study)
 
 
 def fail_stale_trials(study) -> list[int]:
@@ -215,12 +278,14 @@ def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials
     distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()}
     name = study_name(gpu_name, problem)
     storage = _storage(storage_url)
-    study = optuna.create_study(study_name=name, storage=storage, direction="minimize",
-                                sampler=make_sampler(sampler, seed, space), load_if_exists=True)
+    study, created = _open_study(name, storage, make_sampler(sampler, seed, space))
     stale = fail_stale_trials(study)
-    if not study.get_trials(deepcopy=False):
+    if created:
         # start from known good points: the built-in default, the presets and the best of the
-        # nearest tuned problem
+        # nearest tuned problem. Only the worker whose create_study made the study queues them
+        # (the study name is unique in the storage, so exactly one worker does): workers that
+        # reach a fresh study together would otherwise each see it empty, each queue the starts,
+        # and each measure them.
         starts = [family.builtin_default(problem)] + [family.preset(n, problem) for n in family.presets]
         near = nearest_best(repo, gpu_name, problem)
         if near is not None:
@@ -247,6 +312,11 @@ def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials
                 trial.set_user_attr("worker", worker)
         except optuna.exceptions.UpdateFinishedTrialError:
             continue    # another worker popped the same enqueued trial and has finished it already
+        if not remeasure:
+            # the same config queued twice (two workers queueing one refinement at once): wait
+            # for the other worker's measurement rather than measure it again
+            with _Heartbeat(storage, trial._trial_id):
+                _wait_for_twin(study, trial.number)
         stored = None if remeasure else repo.measurement_of(gpu_name, problem, config.to_dict(), th)
         if stored is not None:
             outcome = TrialOutcome(stored.status, stored.median_us, stored.reason)
