@@ -125,6 +125,10 @@ def test_two_workers_share_one_study(db_url):
     # none left running (a refinement one worker queued as the other finished the last trial
     # may stay WAITING: the next resume takes it first)
     assert [t.number for t in study.trials if t.state == optuna.trial.TrialState.RUNNING] == []
+    # and no config measured twice: one worker queued the starts, each queued trial was taken
+    # once, and a config the other worker was measuring was waited for
+    measured = [m.config_id for m in repo.measurements(run.id) if m.config_id]
+    assert measured and len(measured) == len(set(measured))
 
 
 @pytest.mark.parametrize("target, reason", [
