@@ -303,39 +303,56 @@ def test_a_config_another_worker_is_measuring_is_waited_for_not_measured_twice(t
     monkeypatch.setenv("NF4TUNE_GRACE_S", "2")
     storage = _storage(f"sqlite:///{tmp_path / 's.db'}")
     study = optuna.create_study(study_name="twins", storage=storage)
-    dist = {"x": optuna.distributions.CategoricalDistribution([1, 2, 3, 4])}
-    for x in (1, 1, 2, 3, 3, 4, 4):     # two workers queued the same refinement (x=1, x=3, x=4)
+    dist = {"x": optuna.distributions.CategoricalDistribution([1, 2, 3, 4, 5])}
+    for x in (1, 1, 2, 3, 3, 4, 4, 5, 5):     # two workers queued the same refinements
         study.enqueue_trial({"x": x})
-    first, second, other, dead, late = (study.ask(dist) for _ in range(5))
+
+    def take():         # what a worker does: ask, first heartbeat, claim
+        t = study.ask(dist)
+        storage.record_heartbeat(t._trial_id)
+        t.set_user_attr("config", f"x={t.params['x']}")
+        return t
+
+    first, second, other, dead, late = (take() for _ in range(5))
     assert [t.params["x"] for t in (first, second, other, dead, late)] == [1, 1, 2, 3, 3]
-    assert _wait_for_twin(study, first.number) is None and _wait_for_twin(study, other.number) is None
+    assert _wait_for_twin(study, first.number, 2) is None and _wait_for_twin(study, other.number, 2) is None
 
     # the one that started first measures; its twin waits for it to finish
     threading.Timer(0.4, lambda: study.tell(first, 1.5)).start()
     t0 = time.perf_counter()
-    assert _wait_for_twin(study, second.number) == first.number
+    assert _wait_for_twin(study, second.number, 2) == first.number
     assert time.perf_counter() - t0 >= 0.35
     assert study.get_trials(deepcopy=False)[first.number].state == TrialState.COMPLETE
 
-    # the twin's worker died (one heartbeat, then silence): it is failed as stale and the wait ends
-    storage.record_heartbeat(dead._trial_id)
+    # the twin's worker died (heartbeats stopped): it is failed as stale and the wait ends
     t0 = time.perf_counter()
-    assert _wait_for_twin(study, late.number) == dead.number
+    assert _wait_for_twin(study, late.number, 2) == dead.number
     assert time.perf_counter() - t0 < 15
     assert study.get_trials(deepcopy=False)[dead.number].state == TrialState.FAIL
 
     # the start decides, not the number: the higher-numbered twin taken first measures, and the
     # lower-numbered one taken after it waits (a worker may check before its twin is taken)
-    low, high = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
-    assert low.number < high.number and low.params == high.params == {}
+    low, high = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.WAITING][:2]
+    assert low.number < high.number and low.system_attrs["fixed_params"] == high.system_attrs["fixed_params"]
     storage.set_trial_state_values(high._trial_id, TrialState.RUNNING)
-    assert optuna.trial.Trial(study, high._trial_id).suggest_categorical("x", [1, 2, 3, 4]) == 4   # its queued x
+    assert optuna.trial.Trial(study, high._trial_id).suggest_categorical("x", [1, 2, 3, 4, 5]) == 4   # its queued x
+    storage.set_trial_user_attr(high._trial_id, "config", "x=4")
     time.sleep(0.01)
-    taken = study.ask(dist)
+    taken = take()
     assert taken.number == low.number and taken.params["x"] == 4
-    assert _wait_for_twin(study, high.number) is None
+    assert _wait_for_twin(study, high.number, 2) is None
     threading.Timer(0.3, lambda: storage.set_trial_state_values(high._trial_id, TrialState.FAIL)).start()
-    assert _wait_for_twin(study, low.number) == high.number
+    assert _wait_for_twin(study, low.number, 2) == high.number
+
+    # a worker that died between its ask and its first heartbeat left a trial no one can fail as
+    # stale: it is waited for while young (its worker may be about to claim it), then passed over
+    unclaimed = study.ask(dist)
+    assert unclaimed.params["x"] == 5
+    twin = take()
+    t0 = time.perf_counter()
+    assert _wait_for_twin(study, twin.number, 1.0) == unclaimed.number
+    assert 0.5 <= time.perf_counter() - t0 < 5
+    assert study.get_trials(deepcopy=False)[unclaimed.number].state == TrialState.RUNNING
 
 
 def test_workers_popping_queued_trials_at_once_never_take_the_same_one(db_url):

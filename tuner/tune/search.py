@@ -164,9 +164,9 @@ def _finished(study) -> list:
 
 
 class _Heartbeat:
-    """Records a running trial's heartbeat every ``storage.heartbeat_interval`` seconds while it
-    is measured, so that a worker that dies mid-trial leaves a trial other workers (or a resume)
-    can fail."""
+    """Records a running trial's heartbeat on entry and then every ``storage.heartbeat_interval``
+    seconds, from the ask to the measurement's end, so that a worker that dies mid-trial leaves a
+    trial other workers (or a resume) can fail."""
 
     def __init__(self, storage, trial_id: int):
         self._storage, self._trial_id = storage, trial_id
@@ -174,16 +174,18 @@ class _Heartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True)
 
+    def _record(self):
+        try:
+            self._storage.record_heartbeat(self._trial_id)
+        except Exception:   # the storage is busy or gone: the next beat tries again
+            pass
+
     def _beat(self):
-        while True:
-            try:
-                self._storage.record_heartbeat(self._trial_id)
-            except Exception:   # the storage is busy or gone: the next beat tries again
-                pass
-            if self._stop.wait(self._interval):
-                return
+        while not self._stop.wait(self._interval):
+            self._record()
 
     def __enter__(self):
+        self._record()      # stored before the trial is claimed (its "config" attribute)
         self._thread.start()
         return self
 
@@ -204,13 +206,20 @@ def _open_study(name: str, storage, sampler):
         return optuna.load_study(study_name=name, storage=storage, sampler=sampler), False
 
 
-def _wait_for_twin(study, number: int, poll_s: float = 0.02) -> Optional[int]:
+def _wait_for_twin(study, number: int, grace_s: float, poll_s: float = 0.02) -> Optional[int]:
     """Wait while another RUNNING trial of ``study`` with the params of trial ``number`` started
     before it (two workers took the same config, queued twice). Of twins, the one that started
-    first (then the lower number) measures, so two never wait for each other; a twin whose worker
-    died is failed as stale on the way, so the wait ends. The twin's number, or None when there
-    was none."""
+    first (then the lower number) measures, so two never wait for each other. The wait ends: a
+    twin whose worker died is failed as stale on the way (its heartbeat stopped), and a twin that
+    was never claimed (no ``config`` attribute, which a live worker sets right after the trial's
+    first heartbeat) within ``grace_s`` of its start died before any heartbeat and is not waited
+    for. The twin's number, or None when there was none."""
+    from datetime import datetime
+
     from optuna.trial import TrialState
+
+    def alive(t) -> bool:
+        return "config" in t.user_attrs or (datetime.now() - t.datetime_start).total_seconds() < grace_s
 
     twin = None
     while True:
@@ -219,8 +228,8 @@ def _wait_for_twin(study, number: int, poll_s: float = 0.02) -> Optional[int]:
         if mine is None:
             return twin     # this trial itself was failed meanwhile
         key = (mine.datetime_start, number)
-        earlier = [t.number for t in running
-                   if t.number != number and t.params == mine.params and (t.datetime_start, t.number) < key]
+        earlier = [t.number for t in running if t.number != number and t.params == mine.params
+                   and (t.datetime_start, t.number) < key and alive(t)]
         if not earlier:
             return twin
         twin = earlier[0]
@@ -306,33 +315,34 @@ def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials
         stale += fail_stale_trials(study)   # another worker of this study may have been killed
         trial = study.ask(distributions)
         config = family.config_from_params(trial.params, problem)
-        try:
-            trial.set_user_attr("config", config.to_json())
-            if worker:
-                trial.set_user_attr("worker", worker)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            continue    # another worker popped the same enqueued trial and has finished it already
-        if not remeasure:
-            # the same config queued twice (two workers queueing one refinement at once): wait
-            # for the other worker's measurement rather than measure it again
-            with _Heartbeat(storage, trial._trial_id):
-                _wait_for_twin(study, trial.number)
-        stored = None if remeasure else repo.measurement_of(gpu_name, problem, config.to_dict(), th)
-        if stored is not None:
-            outcome = TrialOutcome(stored.status, stored.median_us, stored.reason)
-        else:
+        # the heartbeat runs from the ask on: a worker that dies anywhere in the trial leaves a
+        # trial that is failed as stale, and a twin waiting for it stops waiting
+        with _Heartbeat(storage, trial._trial_id):
             try:
-                with _Heartbeat(storage, trial._trial_id):
+                trial.set_user_attr("config", config.to_json())     # the claim (after the first beat)
+                if worker:
+                    trial.set_user_attr("worker", worker)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue    # another worker popped the same enqueued trial and has finished it already
+            if not remeasure:
+                # the same config queued twice (two workers queueing one refinement at once), or
+                # drawn while the other worker measures it: wait for that measurement
+                _wait_for_twin(study, trial.number, grace_s=storage.grace_period or GRACE_S)
+            stored = None if remeasure else repo.measurement_of(gpu_name, problem, config.to_dict(), th)
+            if stored is not None:
+                outcome = TrialOutcome(stored.status, stored.median_us, stored.reason)
+            else:
+                try:
                     outcome = measurer.measure(problem, config)
-            except KeyboardInterrupt:
-                trial.set_user_attr("status", "interrupted")
-                study.tell(trial, state=TrialState.FAIL)
-                raise
-            measured += 1
-            row = repo.config(config.to_dict(), th, family.name)
-            for r in outcome.results:
-                repo.add_measurement(run, problem, r, row if r.get("config") else None, gpu_state=outcome.gpu_state,
-                                     bnb_median_us=outcome.bnb_median_us)
+                except KeyboardInterrupt:
+                    trial.set_user_attr("status", "interrupted")
+                    study.tell(trial, state=TrialState.FAIL)
+                    raise
+                measured += 1
+                row = repo.config(config.to_dict(), th, family.name)
+                for r in outcome.results:
+                    repo.add_measurement(run, problem, r, row if r.get("config") else None,
+                                         gpu_state=outcome.gpu_state, bnb_median_us=outcome.bnb_median_us)
         try:
             if stored is not None:
                 trial.set_user_attr("from_database", True)
