@@ -13,7 +13,8 @@ import sys
 
 
 def _results(path: str) -> list:
-    data = json.load(open(path))
+    with open(path) as f:
+        data = json.load(f)
     return data if isinstance(data, list) else [data]
 
 

@@ -206,14 +206,18 @@ def _open_study(name: str, storage, sampler):
         return optuna.load_study(study_name=name, storage=storage, sampler=sampler), False
 
 
-def _wait_for_twin(study, number: int, grace_s: float, poll_s: float = 0.02) -> Optional[int]:
+def _wait_for_twin(study, number: int, grace_s: float, poll_s: float = 0.02, max_poll_s: float = 0.5,
+                   stale_every_s: float = 1.0) -> Optional[int]:
     """Wait while another RUNNING trial of ``study`` with the params of trial ``number`` started
     before it (two workers took the same config, queued twice). Of twins, the one that started
     first (then the lower number) measures, so two never wait for each other. The wait ends: a
     twin whose worker died is failed as stale on the way (its heartbeat stopped), and a twin that
     was never claimed (no ``config`` attribute, which a live worker sets right after the trial's
     first heartbeat) within ``grace_s`` of its start died before any heartbeat and is not waited
-    for. The twin's number, or None when there was none."""
+    for. The twin's number, or None when there was none. The poll backs off from ``poll_s`` to
+    ``max_poll_s`` (every read of an SQLite study takes its write lock, which the measuring twin's
+    worker needs too), and stale trials are looked for every ``stale_every_s`` (a heartbeat can
+    only age by that much in between)."""
     from datetime import datetime
 
     from optuna.trial import TrialState
@@ -221,7 +225,7 @@ def _wait_for_twin(study, number: int, grace_s: float, poll_s: float = 0.02) -> 
     def alive(t) -> bool:
         return "config" in t.user_attrs or (datetime.now() - t.datetime_start).total_seconds() < grace_s
 
-    twin = None
+    twin, last_stale = None, time.monotonic()
     while True:
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         mine = next((t for t in running if t.number == number), None)
@@ -234,7 +238,10 @@ def _wait_for_twin(study, number: int, grace_s: float, poll_s: float = 0.02) -> 
             return twin
         twin = earlier[0]
         time.sleep(poll_s)
-        fail_stale_trials(study)
+        poll_s = min(2 * poll_s, max_poll_s)
+        if time.monotonic() - last_stale >= stale_every_s:
+            fail_stale_trials(study)
+            last_stale = time.monotonic()
 
 
 def fail_stale_trials(study) -> list[int]:
@@ -353,9 +360,9 @@ def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials
                 trial.set_user_attr("reason", (outcome.reason or "")[:2000])
                 study.tell(trial, state=TrialState.FAIL)
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as e:
-            # two workers popped the same enqueued trial (a storage race: SQLite has no row
-            # locks), or a trial this worker measured past the grace period was failed as
-            # stale: the measurement is stored all the same. optuna 4 raises
+            # a trial this worker measured past the grace period was failed as stale (or, on a
+            # storage without row locks or BEGIN IMMEDIATE, two workers popped the same queued
+            # trial): the measurement is stored all the same. optuna 4 raises
             # UpdateFinishedTrialError here, optuna 5 "ValueError: Cannot tell a COMPLETE trial."
             if isinstance(e, ValueError) and not str(e).startswith("Cannot tell a"):
                 raise
