@@ -53,11 +53,6 @@
 //                1: software pipelined: the next k-iteration's W and statistics are loaded before
 //                the current one is computed, so a warp always has loads in flight (twice the
 //                registers for W).
-//   NF4T_L2AHEAD SIMT and the mma-ks register feed (stages 0): 0 none; D > 0: W is prefetched into L2 D
-//                steps ahead (SIMT: k-iterations of the warp; mma-ks: groups of the CTA) by
-//                cp.async.bulk.prefetch.L2 (sm_90+: one instruction per row and step, no register, no
-//                scoreboard), with prefetch.global.L2 of the rows' first absmax byte (or float), so the
-//                DRAM reads stay in flight while the warps decode, and the loads that follow hit L2.
 //   NF4T_UNROLL  mma-ks: windows of K per group (all loads of a group issued before the first is used).
 //   NF4T_PERSIST mma-ks: 1 a few CTAs per SM loop over the row tiles.
 //   NF4T_STAGES  mma-ks: 0 W goes global -> registers (NF4T_PREFETCH decides how far ahead); N > 0:
@@ -353,25 +348,6 @@ __device__ __forceinline__ float scale_finish(const Scales& s, ScaleRaw r) {
     return __fadd_rn(__fmul_rn(__ldg(s.code2 + r.q), r.a), s.offset);
 }
 
-// ---------------------------------------------------------------- L2 prefetch (NF4T_L2AHEAD)
-#if NF4T_L2AHEAD > 0
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#error "the L2 prefetch (NF4T_L2AHEAD, cp.async.bulk.prefetch) needs sm_90 or newer"
-#endif
-// Row n's W for K [kb, min(kb + span, k_end)) into L2, and the line of its first block's statistics.
-// kb, span and k_end are multiples of 32 values and K of 32: 16-byte aligned, a multiple of 16 bytes.
-__device__ __forceinline__ void l2_prefetch_row(const u8* __restrict__ B, const Scales& s, u32 n, u32 K, u32 kb,
-                                                u32 span, u32 k_end) {
-    if (kb >= k_end) return;
-    const u64 e = (u64)n * K + kb;
-    const u32 bytes = min(span, k_end - kb) >> 1;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(B + (e >> 1)), "r"(bytes) : "memory");
-    const void* st = s.absmax_f != nullptr ? (const void*)(s.absmax_f + (e >> s.log2_bs))
-                                           : (const void*)(s.absmax_q + (e >> s.log2_bs));
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(st));
-}
-#endif
-
 // ---------------------------------------------------------------- output
 // Add the bias, round and store y[m, n]; or, split over K, add the partial sum to the workspace.
 __device__ __forceinline__ void emit(float v, u32 m, u32 n, u32 N, const act_t* __restrict__ bias,
@@ -550,16 +526,7 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     ScaleRaw raw[NF4T_RPW];
     u32 k = k_begin + lane * NF4T_VPL;
     if (k < k_end) simt_load(B, s, row0, N, K, k, w, raw);
-#if NF4T_L2AHEAD > 0
-    // lane r < RPW prefetches row r's bytes of the warp's k-iterations 1 .. D-1 now, then D ahead
-    const bool pf_row = lane < NF4T_RPW && row0 + lane < N;
-    if (pf_row)
-        for (u32 d = 1; d < NF4T_L2AHEAD; ++d) l2_prefetch_row(B, s, row0 + lane, K, k_begin + d * kstride, kstride, k_end);
-#endif
     for (; k < k_end; k += kstride) {
-#if NF4T_L2AHEAD > 0
-        if (pf_row) l2_prefetch_row(B, s, row0 + lane, K, k - lane * NF4T_VPL + NF4T_L2AHEAD * kstride, kstride, k_end);
-#endif
 #if NF4T_PREFETCH == 1
         u32 wn[NF4T_RPW][NF4T_WWORDS];
         ScaleRaw rawn[NF4T_RPW];
@@ -1616,18 +1583,7 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
             }
         }
 #else
-#if NF4T_L2AHEAD > 0
-        // the CTA's rows split over its warps (row warp + i * warps in lane i): each prefetches its
-        // rows' bytes of groups 1 .. D-1 of the tile now, then D groups ahead of its own group
-        const u32 pf_r = warp + lane * warps;
-        const bool pf_row = pf_r < NF4T_RPW && row0 + pf_r < N;
-        if (pf_row)
-            for (u32 d = 1; d < NF4T_L2AHEAD; ++d) l2_prefetch_row(B, s, row0 + pf_r, K, k_begin + d * gstep, gstep, k_end);
-#endif
         for (kw = k_begin + warp * NF4T_WIN; kw < k_end; kw += gstep) {
-#if NF4T_L2AHEAD > 0
-            if (pf_row) l2_prefetch_row(B, s, row0 + pf_r, K, kw - warp * NF4T_WIN + NF4T_L2AHEAD * gstep, gstep, k_end);
-#endif
 #if NF4T_PREFETCH == 1
             KsGroup Gn;
             const bool more = kw + gstep < k_end;

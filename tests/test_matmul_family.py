@@ -404,29 +404,3 @@ def test_the_tile_scale_table_constraints_registers_and_shared_memory(compile_ca
     bulk = MM.config(**ks, stages=4, feed="bulk").render().replace("#define NF4T_STATS 0", "#define NF4T_STATS 1")
     with pytest.raises(CompileError, match="not a structure of the bulk feed"):
         compile_source(bulk, "sm_90", "nf4t_matmul", cache_dir=compile_cache)
-
-
-def test_the_l2_prefetch_constraints_and_compiles(compile_cache):
-    """l2ahead: SIMT and the K-split register feed only (the rings keep their own copies in flight);
-    the prefetch is in the source only when asked for; sm_90 and newer (cp.async.bulk.prefetch)."""
-    from tuner.kernel.compiler import CompileError, compile_config
-
-    ks = dict(mma="mma-ks", rows_per_warp=32, mtile=8, scale="block", load_bytes=8, warps=8, unroll=2, lut="pair",
-              m=1)
-    assert MM.config(**ks, l2ahead=2).l2ahead == 2
-    assert MM.config(load_bytes=8, rows_per_warp=2, warps=8, l2ahead=4, m=1).l2ahead == 4
-    with pytest.raises(InvalidConfig, match="L2 prefetch"):
-        MM.config(**ks, stages=4, l2ahead=1)
-    with pytest.raises(InvalidConfig, match="L2 prefetch"):
-        MM.config(**dict(ks, unroll=1, stats="lanes"), stages=4, feed="bulk", l2ahead=2)
-    with pytest.raises(InvalidConfig, match="L2 prefetch"):
-        MM.config(mma="mma", rows_per_warp=16, mtile=8, scale="value", l2ahead=1, m=8)
-    assert "l2+2" in MM.config(**ks, l2ahead=2).short()
-    for c in (MM.config(**ks, l2ahead=2), MM.config(**ks, l2ahead=1, prefetch=1, persist=1, stats="tile"),
-              MM.config(load_bytes=16, rows_per_warp=4, warps=4, l2ahead=4, m=1)):
-        assert f"#define NF4T_L2AHEAD {c.l2ahead}\n" in c.render()
-        assert compile_config(c, "sm_90", cache_dir=compile_cache).registers
-        with pytest.raises(CompileError, match="needs sm_90 or newer"):
-            compile_config(c, "sm_80", cache_dir=compile_cache)
-    # without it the variant's source is the kernel as before: no prefetch is compiled in
-    assert compile_config(MM.config(**ks), "sm_80", cache_dir=compile_cache).registers

@@ -164,13 +164,6 @@ def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, pers
     return None
 
 
-def _l2_path(mma, stages, l2ahead):
-    if l2ahead and (mma == "mma" or stages):
-        return ("the L2 prefetch (l2ahead) is a knob of the SIMT path and the K-split register feed (the rings "
-                "keep their own copies in flight)")
-    return None
-
-
 def _lut_path(mma, lut):
     if lut == "prmt" and mma != "mma-ks":
         return "the byte-permute decode (lut prmt) builds 16-bit operands: the K-split tensor-core path only"
@@ -428,10 +421,6 @@ class MatmulFamily(Family):
              help="plain loads of W, or streaming (ld.global.nc.L1::no_allocate)"),
         Knob("prefetch", (0, 1), "source", "NF4T_PREFETCH", label="pf{}",
              help="SIMT and mma-ks: load the next step's W and statistics before computing the current one"),
-        Knob("l2ahead", (0, 1, 2, 4), "source", "NF4T_L2AHEAD", label="l2+{}",
-             help="SIMT and the mma-ks register feed: prefetch W into L2 this many steps ahead "
-                  "(cp.async.bulk.prefetch, sm_90+: one instruction per row and step, no registers), so DRAM "
-                  "reads stay in flight while the warps decode; 0: none"),
         Knob("unroll", (1, 2, 4), "source", "NF4T_UNROLL", label="u{}",
              help="mma-ks: windows of K whose loads are all issued before the first is used"),
         Knob("persist", (0, 1), "source", "NF4T_PERSIST", label="p{}",
@@ -456,7 +445,6 @@ class MatmulFamily(Family):
         Constraint(("mma", "mtile", "m"), _tile_fits_batch),
         Constraint(("mma", "prefetch"), _prefetch_simt),
         Constraint(("mma", "lut"), _lut_path),
-        Constraint(("mma", "stages", "l2ahead"), _l2_path),
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "warps", "astage", "unroll", "persist",
                     "prefetch", "stages", "feed", "stats"), _ks_shape),
     )
@@ -469,19 +457,18 @@ class MatmulFamily(Family):
         "warps*rows*mtile <= 2048, loads in flight <= 128 registers, the ring (stages) <= 160 KiB and without "
         "prefetch; the bulk feed with stages; stats tile not with the bulk feed; unroll, persist, stages, feed, "
         "stats and lut prmt/pairx only here",
-        "l2ahead: SIMT and the mma-ks register feed (stages 0) only; sm_90+",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
                     astage="global", scale="block", wload="stream", prefetch=0, unroll=1, persist=0, stages=0, feed="lanes", stats="lanes",
-                    l2ahead=0, dtype="bf16",
+                    dtype="bf16",
                     quant="nf4", m=1)
     presets = {
         # bnb's gemm_4bit_simt: one warp per row, 4 warps per CTA, 32 values per lane per step
         "bnb-like": dict(mma="simt", load_bytes=16, rows_per_warp=1, mtile=1, warps=4, ksplit=1, lut="shared",
                          astage="global", scale="value", wload="plain", prefetch=0),
     }
-    refine_order = ("ksplit", "warps", "rows_per_warp", "prefetch", "l2ahead", "wload", "scale", "load_bytes", "mtile", "mma",
+    refine_order = ("ksplit", "warps", "rows_per_warp", "prefetch", "wload", "scale", "load_bytes", "mtile", "mma",
                     "lut", "astage", "unroll", "persist", "stages",
                     "feed", "stats")
     peer_label = REF_BNB_MATMUL

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# A record of the session-7 experiment: it needs l2ahead.patch applied (the knob was removed after it).
 # The L2 prefetch (l2ahead) screened on the H200 (session 7): the served configs' neighbourhoods, every
 # l2ahead value, so each config is paired with itself without the prefetch. Usage (on the GPU machine,
 # after the site is set up): bash ci/explore-l2ahead.sh PART...
