@@ -96,7 +96,8 @@ fi
 if want mmtable; then
   # the serving table of the decode shapes: hand-picked candidates from the exploration, gated and
   # timed against bnb per (shape, batch bucket), stored, exported
-  $NF4 compile --family matmul --dtype bf16 --quant nf4 --quiet 2>&1 | tee -a "$OUT/mmtable.txt"
+  # (MM_TABLE_COMPILE=0: no whole-space compile first; bench compiles its candidates one by one)
+  [ "${MM_TABLE_COMPILE:-1}" = 0 ] || $NF4 compile --family matmul --dtype bf16 --quant nf4 --quiet 2>&1 | tee -a "$OUT/mmtable.txt"
   shapes=""; for s in ${MM_SHAPES:-4096x4096 1024x4096 14336x4096 4096x14336 8192x8192 28672x8192}; do shapes="$shapes --shape $s"; done
   for m in ${MM_TABLE_BUCKETS:-1 8 16}; do
     var="MM_CANDIDATES_$m"; cands=""

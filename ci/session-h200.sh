@@ -17,11 +17,21 @@ L1="{$KS,\"rows_per_warp\":32,\"mtile\":16,\"warps\":4,\"ksplit\":1,\"unroll\":2
 L2="{$KS,\"rows_per_warp\":32,\"mtile\":16,\"warps\":4,\"ksplit\":2,\"unroll\":2,\"prefetch\":1,\"persist\":1}"
 L3="{$KS,\"rows_per_warp\":16,\"mtile\":16,\"warps\":8,\"ksplit\":1,\"unroll\":2}"
 M16='{"mma":"mma","rows_per_warp":16,"mtile":16,"warps":4,"ksplit":2,"scale":"value"}'
-export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2"
+# session 7 (examples/h200/matmul/l2ahead-experiment): the best SIMT screens (64-thread CTAs, 16-byte
+# loads) and the best pairx register-feed screens of the M = 1 problems
+S3='{"load_bytes":16,"rows_per_warp":4,"warps":2,"ksplit":1,"lut":"shared","scale":"block","wload":"stream","prefetch":1}'
+S4='{"load_bytes":16,"rows_per_warp":8,"warps":2,"ksplit":1,"lut":"shared","scale":"block","wload":"stream"}'
+S5='{"load_bytes":16,"rows_per_warp":4,"warps":2,"ksplit":1,"lut":"shared","scale":"block","wload":"stream"}'
+X1="{$KS,\"lut\":\"pairx\",\"rows_per_warp\":32,\"mtile\":8,\"warps\":8,\"ksplit\":1,\"unroll\":2}"
+X2="{$KS,\"lut\":\"pairx\",\"rows_per_warp\":32,\"mtile\":8,\"warps\":8,\"ksplit\":1,\"unroll\":2,\"persist\":1}"
+X3="{$KS,\"lut\":\"pairx\",\"rows_per_warp\":16,\"mtile\":8,\"warps\":8,\"ksplit\":1,\"unroll\":4,\"persist\":1,\"stats\":\"tile\"}"
+X4="{$KS,\"lut\":\"pairx\",\"rows_per_warp\":16,\"mtile\":8,\"warps\":8,\"ksplit\":1,\"unroll\":4,\"prefetch\":1,\"stats\":\"tile\"}"
+X5="{$KS,\"lut\":\"pairx\",\"rows_per_warp\":32,\"mtile\":8,\"warps\":8,\"ksplit\":2,\"unroll\":2}"
+export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5"
 export MM_CANDIDATES_8="$K1|$K2|$K3|$K4"
 export MM_CANDIDATES_16="$L1|$L2|$L3|$M16"
 export MM_CANDIDATES_32="$L1|$L2|$L3|$M16"
-export MM_TABLE_BUCKETS="1 8 16 32" MM_TABLE="${MM_TABLE:-$OUT/matmul-configs.json}" MM_BENCH_BUCKETS="1 8 16 32 64"
+export MM_TABLE_BUCKETS="${MM_TABLE_BUCKETS:-1 8 16 32}" MM_TABLE="${MM_TABLE:-$OUT/matmul-configs.json}" MM_BENCH_BUCKETS="1 8 16 32 64"
 t0=$(date +%s)
 step() { echo "=== $1 at +$(( $(date +%s) - t0 )) s"; }
 want() { [[ " ${STEPS:-tests mmtable mmbench decode} " == *" $1 "* ]]; }
