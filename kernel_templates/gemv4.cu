@@ -33,15 +33,19 @@
 //                lookups never conflict); a word's nibbles are turned into table offsets with
 //                two masks per word and one byte permute per nibble;
 //                1 register: a 4-level select tree, no memory;
-//                3 prmt (mma-ks only): the codes as 16-bit operands in two byte tables in registers,
-//                four nibbles looked up per byte permute (see prmt_pair);
+//                3 prmt (16-bit activations; not the mma path): the codes as 16-bit operands in two byte
+//                tables in registers, four nibbles looked up per byte permute (see prmt_pair), no memory;
+//                SIMT turns each pair into two floats (the codes rounded to the activation dtype);
 //                2 pair: a 256-entry table of (code[hi], code[lo]) float pairs, one lookup per
 //                packed byte (one 8-byte load for two values), replicated 16 times so that the
 //                16 lanes of a load phase always hit distinct banks (32 KiB of shared memory);
-//                4 pairx (mma-ks only): the pair table with 256-byte rows (64 KiB of dynamic shared
-//                memory, half of every row unused), so a lookup's offset, byte << 8 | lane << 2, is one
-//                byte permute of the packed word and the lane's offset: two instructions per packed
-//                byte (the 128-byte rows of pair need a shift, a mask-and-merge and an add first).
+//                4 pairx (16-bit activations; not the mma path): a 256-entry table of 16-bit operand pairs
+//                with 256-byte rows (64 KiB of dynamic shared memory, half of every row unused), so a
+//                lookup's offset, byte << 8 | lane << 2, is one byte permute of the packed word and the
+//                lane's offset: two instructions and one 4-byte shared load per packed byte (the
+//                128-byte rows of pair need a shift, a mask-and-merge and an add first; SIMT's float
+//                pairs of lut 2 take an 8-byte load per byte, lut 0 a 4-byte load per value). SIMT
+//                turns each pair into two floats (the codes rounded to the activation dtype).
 //   NF4T_ASTAGE  0 global: each warp reads its run of A per k-iteration from global memory (L1
 //                and L2 hits: A is small and every CTA reads it); 1 shared: the CTA copies its
 //                K slice of A x MTILE into shared memory once (dynamic shared memory).
@@ -147,7 +151,7 @@ __shared__ float nf4t_lut[16];
 extern __shared__ __align__(16) unsigned char nf4t_dyn[];
 #if NF4T_LUT == 2 && NF4T_MMA == 2
 __shared__ __align__(16) u32 nf4t_pairs16[256 * 32];   // [byte][lane]: operand-dtype pair, per lane
-#elif NF4T_LUT == 4 && NF4T_MMA == 2
+#elif NF4T_LUT == 4
 // [byte][64]: the pair in words 0..31 (per lane); 64 KiB exceed static shared memory: the first
 // NF4T_DYN_TABLE bytes of the dynamic shared memory
 #define nf4t_pairs16 (reinterpret_cast<u32*>(nf4t_dyn))
@@ -179,26 +183,7 @@ __device__ __forceinline__ float lut_at(u32 offset) {
     return *reinterpret_cast<const float*>(reinterpret_cast<const char*>(nf4t_lut) + offset);
 }
 
-// The two code values of packed byte j of word w: (first = high nibble, second = low nibble).
-struct Decoder {
-    u32 lane_off;     // pair table: this lane's copy (bytes)
-    __device__ __forceinline__ void values(u32 w, int j, float& first, float& second) const {
-#if NF4T_LUT == 0
-        const u32 hi4 = (w >> 2) & 0x3c3c3c3cu, lo4 = (w << 2) & 0x3c3c3c3cu;   // nibble x 4 in every byte
-        first = lut_at(byte_at(hi4, j));
-        second = lut_at(byte_at(lo4, j));
-#elif NF4T_LUT == 1
-        const u32 byte = (w >> (j * 8)) & 0xffu;
-        first = lut_select(byte >> 4);
-        second = lut_select(byte & 15u);
-#elif NF4T_MMA != 2
-        const float2 v = *reinterpret_cast<const float2*>(
-            reinterpret_cast<const char*>(nf4t_pairs) + ((byte_at(w, j) << 7) + lane_off));
-        first = v.x;
-        second = v.y;
-#endif
-    }
-};
+
 
 // (first, second) rounded to the 16-bit operand dtype, the first in the low half
 __device__ __forceinline__ u32 pack_pair(float first, float second) {
@@ -212,6 +197,17 @@ __device__ __forceinline__ u32 pack_pair(float first, float second) {
 #endif
     return r;
 }
+
+#if (NF4T_LUT == 2 && NF4T_MMA == 2) || NF4T_LUT == 4
+// the 16-bit pair table: 256 pairs, each written to its 32 lane copies with 16-byte stores
+__device__ __forceinline__ void fill_pair16() {
+    for (u32 i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
+        const u32 e = i >> 3;
+        const u32 p = pack_pair(lut_select(e >> 4), lut_select(e & 15u));
+        *reinterpret_cast<uint4*>(nf4t_pairs16 + e * (NF4T_LUT == 4 ? 64 : 32) + (i & 7) * 4) = make_uint4(p, p, p, p);
+    }
+}
+#endif
 
 __device__ __forceinline__ void setup_tables() {
     const float v[16] = {NF4T_V0, NF4T_V1, NF4T_V2, NF4T_V3, NF4T_V4, NF4T_V5, NF4T_V6, NF4T_V7,
@@ -228,14 +224,10 @@ __device__ __forceinline__ void setup_tables() {
         const u32 e = i >> 4;
         nf4t_pairs[i] = make_float2(lut_select(e >> 4), lut_select(e & 15u));
     }
+#elif NF4T_LUT == 4
+    fill_pair16();
 #endif
     (void)v;
-}
-
-__device__ __forceinline__ Decoder make_decoder() {
-    Decoder d;
-    d.lane_off = (threadIdx.x & 15u) << 3;
-    return d;
 }
 
 // ---------------------------------------------------------------- conversions
@@ -274,6 +266,125 @@ __device__ __forceinline__ void unpack2(u32 w, float& lo, float& hi) {
     asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}"
         : "=f"(lo), "=f"(hi) : "r"(w));
 #endif
+}
+
+// ---------------------------------------------------------------- 16-bit code pairs and the decoder
+#if NF4T_LUT == 3
+// NF4T_LUT 3 (prmt): the 16 codes rounded to the operand dtype, as two byte tables (low bytes
+// T_L0..3, high bytes T_H0..3: 4 entries per register) held in registers; byte permutes look up
+// four nibbles at once (prmt picks a byte out of 8 by a 3-bit index: codes 0-7 from one register
+// pair, 8-15 from the other, the nibble's top bit choosing between them through a sign-replicated
+// byte mask). No memory is touched: the decode leaves the shared-memory / L1 pipe to the loads.
+// The constants are the cvt.rn roundings of the NF4T_V code values (tests check them against the
+// 16-entry shared table's).
+#if NF4T_QUANT == 0 && NF4T_ACT == 0
+#define T_L0 0xca063280u
+#define T_L1 0x00ba3d92u
+#define T_L2 0xad7c25a3u
+#define T_L3 0x803910e2u
+#define T_H0 0xbebfbfbfu
+#define T_H1 0x00bdbebeu
+#define T_H2 0x3e3e3e3du
+#define T_H3 0x3f3f3f3eu
+#elif NF4T_QUANT == 0
+#define T_L0 0x52339200u
+#define T_L1 0x00d4ea8du
+#define T_L2 0x68e02618u
+#define T_L3 0x00c9800du
+#define T_H0 0xb6b8b9bcu
+#define T_H1 0x00adb1b4u
+#define T_H2 0x3533312du
+#define T_H3 0x3c393837u
+#elif NF4T_ACT == 0
+#define T_L0 0x802bab00u
+#define T_L1 0x802b00abu
+#define T_L2 0x802bab00u
+#define T_L3 0x802b00abu
+#define T_H0 0x3f3f3b00u
+#define T_H1 0x3e3e3f3eu
+#define T_H2 0xbfbfbb80u
+#define T_H3 0xbebebfbeu
+#else
+#define T_L0 0x00555500u
+#define T_L1 0x00550055u
+#define T_L2 0x00555500u
+#define T_L3 0x00550055u
+#define T_H0 0x3c391d00u
+#define T_H1 0x34313835u
+#define T_H2 0xbcb99d80u
+#define T_H3 0xb4b1b8b5u
+#endif
+
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+
+// the operand pair of byte j (0..3) of w
+__device__ __forceinline__ u32 prmt_pair(u32 w, int j) {
+    const u32 half = j < 2 ? w : w >> 16;              // nibbles 0..3: lo(byte), hi(byte), lo, hi
+    const u32 sel = half & 0x7777u;
+    const u32 lo_a = prmt(T_L0, T_L1, sel), lo_b = prmt(T_L2, T_L3, sel);
+    const u32 hi_a = prmt(T_H0, T_H1, sel), hi_b = prmt(T_H2, T_H3, sel);
+    const u32 m = prmt(half << 4, half, 0xD9C8u);     // byte k: 0xff where nibble k >= 8
+    const u32 lo = (lo_b & m) | (lo_a & ~m), hi = (hi_b & m) | (hi_a & ~m);
+    // first value (high nibble) in the low half
+    return (j & 1) ? prmt(lo, hi, 0x6273u) : prmt(lo, hi, 0x4051u);
+}
+#endif
+
+// the 16-bit operand pair (values 2j, 2j+1 of the run) of byte j of word w
+__device__ __forceinline__ u32 pair16(u32 w, int j, u32 lane4) {
+#if NF4T_LUT == 3
+    return prmt_pair(w, j & 3);
+#elif NF4T_LUT == 2 && NF4T_MMA == 2
+    const u32 off = (((w >> (8 * (j & 3))) & 0xffu) << 7) | lane4;
+    return *reinterpret_cast<const u32*>(reinterpret_cast<const char*>(nf4t_pairs16) + off);
+#elif NF4T_LUT == 4
+    u32 off;                                  // byte 0: lane4, byte 1: byte j of w, bytes 2-3: lane4's zeros
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(off) : "r"(w), "r"(lane4), "r"(0x5504u | ((u32)(j & 3) << 4)));
+    return *reinterpret_cast<const u32*>(reinterpret_cast<const char*>(nf4t_pairs16) + off);
+#elif NF4T_LUT == 0
+    const u32 hi4 = (w >> 2) & 0x3c3c3c3cu, lo4 = (w << 2) & 0x3c3c3c3cu;
+    return pack_pair(lut_at(byte_at(hi4, j & 3)), lut_at(byte_at(lo4, j & 3)));
+#else
+    const u32 byte = (w >> ((j & 3) * 8)) & 0xffu;
+    return pack_pair(lut_select(byte >> 4), lut_select(byte & 15u));
+#endif
+}
+
+// The two code values of packed byte j of word w: (first = high nibble, second = low nibble).
+struct Decoder {
+    u32 lane_off;     // pair tables: this lane's copy (bytes)
+    __device__ __forceinline__ void values(u32 w, int j, float& first, float& second) const {
+#if NF4T_LUT == 0
+        const u32 hi4 = (w >> 2) & 0x3c3c3c3cu, lo4 = (w << 2) & 0x3c3c3c3cu;   // nibble x 4 in every byte
+        first = lut_at(byte_at(hi4, j));
+        second = lut_at(byte_at(lo4, j));
+#elif NF4T_LUT == 1
+        const u32 byte = (w >> (j * 8)) & 0xffu;
+        first = lut_select(byte >> 4);
+        second = lut_select(byte & 15u);
+#elif NF4T_LUT == 3 || NF4T_LUT == 4
+        unpack2(pair16(w, j, lane_off), first, second);   // the codes rounded to the 16-bit dtype
+#elif NF4T_MMA != 2
+        const float2 v = *reinterpret_cast<const float2*>(
+            reinterpret_cast<const char*>(nf4t_pairs) + ((byte_at(w, j) << 7) + lane_off));
+        first = v.x;
+        second = v.y;
+#endif
+    }
+};
+
+__device__ __forceinline__ Decoder make_decoder() {
+    Decoder d;
+#if NF4T_LUT == 4
+    d.lane_off = (threadIdx.x & 31u) << 2;     // word lane of each 256-byte row
+#else
+    d.lane_off = (threadIdx.x & 15u) << 3;     // float2 lane & 15 of each 128-byte row
+#endif
+    return d;
 }
 
 // ---------------------------------------------------------------- loads
@@ -501,7 +612,7 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     const u32 k_end = min(K, k_begin + kper);
 
 #if NF4T_ASTAGE == 1
-    act_t* a_sh = reinterpret_cast<act_t*>(nf4t_dyn);     // [MTILE][kper]
+    act_t* a_sh = reinterpret_cast<act_t*>(nf4t_dyn + NF4T_DYN_TABLE);     // [MTILE][kper], after lut pairx's table
     if (k_begin < k_end) {
         const u32 len = k_end - k_begin;                  // a multiple of 32 values
         const u32 vec = 16 / sizeof(act_t);
@@ -751,99 +862,11 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
 #error "the tile's scale table (NF4T_STATS 1) is not a structure of the bulk feed (it copies the statistics itself)"
 #endif
 
-#if NF4T_LUT == 3
-// NF4T_LUT 3 (prmt): the 16 codes rounded to the operand dtype, as two byte tables (low bytes
-// T_L0..3, high bytes T_H0..3: 4 entries per register) held in registers; byte permutes look up
-// four nibbles at once (prmt picks a byte out of 8 by a 3-bit index: codes 0-7 from one register
-// pair, 8-15 from the other, the nibble's top bit choosing between them through a sign-replicated
-// byte mask). No memory is touched: the decode leaves the shared-memory / L1 pipe to the loads.
-// The constants are the cvt.rn roundings of the NF4T_V code values (tests check them against the
-// 16-entry shared table's).
-#if NF4T_QUANT == 0 && NF4T_ACT == 0
-#define T_L0 0xca063280u
-#define T_L1 0x00ba3d92u
-#define T_L2 0xad7c25a3u
-#define T_L3 0x803910e2u
-#define T_H0 0xbebfbfbfu
-#define T_H1 0x00bdbebeu
-#define T_H2 0x3e3e3e3du
-#define T_H3 0x3f3f3f3eu
-#elif NF4T_QUANT == 0
-#define T_L0 0x52339200u
-#define T_L1 0x00d4ea8du
-#define T_L2 0x68e02618u
-#define T_L3 0x00c9800du
-#define T_H0 0xb6b8b9bcu
-#define T_H1 0x00adb1b4u
-#define T_H2 0x3533312du
-#define T_H3 0x3c393837u
-#elif NF4T_ACT == 0
-#define T_L0 0x802bab00u
-#define T_L1 0x802b00abu
-#define T_L2 0x802bab00u
-#define T_L3 0x802b00abu
-#define T_H0 0x3f3f3b00u
-#define T_H1 0x3e3e3f3eu
-#define T_H2 0xbfbfbb80u
-#define T_H3 0xbebebfbeu
-#else
-#define T_L0 0x00555500u
-#define T_L1 0x00550055u
-#define T_L2 0x00555500u
-#define T_L3 0x00550055u
-#define T_H0 0x3c391d00u
-#define T_H1 0x34313835u
-#define T_H2 0xbcb99d80u
-#define T_H3 0xb4b1b8b5u
-#endif
 
-__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
-    u32 r;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-    return r;
-}
-
-// the operand pair of byte j (0..3) of w
-__device__ __forceinline__ u32 prmt_pair(u32 w, int j) {
-    const u32 half = j < 2 ? w : w >> 16;              // nibbles 0..3: lo(byte), hi(byte), lo, hi
-    const u32 sel = half & 0x7777u;
-    const u32 lo_a = prmt(T_L0, T_L1, sel), lo_b = prmt(T_L2, T_L3, sel);
-    const u32 hi_a = prmt(T_H0, T_H1, sel), hi_b = prmt(T_H2, T_H3, sel);
-    const u32 m = prmt(half << 4, half, 0xD9C8u);     // byte k: 0xff where nibble k >= 8
-    const u32 lo = (lo_b & m) | (lo_a & ~m), hi = (hi_b & m) | (hi_a & ~m);
-    // first value (high nibble) in the low half
-    return (j & 1) ? prmt(lo, hi, 0x6273u) : prmt(lo, hi, 0x4051u);
-}
-#endif
-
-// the 16-bit operand pair (values 2j, 2j+1 of the run) of byte j of word w
-__device__ __forceinline__ u32 pair16(u32 w, int j, u32 lane4) {
-#if NF4T_LUT == 3
-    return prmt_pair(w, j & 3);
-#elif NF4T_LUT == 2
-    const u32 off = (((w >> (8 * (j & 3))) & 0xffu) << 7) | lane4;
-    return *reinterpret_cast<const u32*>(reinterpret_cast<const char*>(nf4t_pairs16) + off);
-#elif NF4T_LUT == 4
-    u32 off;                                  // byte 0: lane4, byte 1: byte j of w, bytes 2-3: lane4's zeros
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(off) : "r"(w), "r"(lane4), "r"(0x5504u | ((u32)(j & 3) << 4)));
-    return *reinterpret_cast<const u32*>(reinterpret_cast<const char*>(nf4t_pairs16) + off);
-#elif NF4T_LUT == 0
-    const u32 hi4 = (w >> 2) & 0x3c3c3c3cu, lo4 = (w << 2) & 0x3c3c3c3cu;
-    return pack_pair(lut_at(byte_at(hi4, j & 3)), lut_at(byte_at(lo4, j & 3)));
-#else
-    const u32 byte = (w >> ((j & 3) * 8)) & 0xffu;
-    return pack_pair(lut_select(byte >> 4), lut_select(byte & 15u));
-#endif
-}
 
 __device__ __forceinline__ void ks_tables() {
 #if NF4T_LUT == 2 || NF4T_LUT == 4
-    // 256 pairs, each written to its 32 lane copies with 16-byte stores
-    for (u32 i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
-        const u32 e = i >> 3;
-        const u32 p = pack_pair(lut_select(e >> 4), lut_select(e & 15u));
-        *reinterpret_cast<uint4*>(nf4t_pairs16 + e * (NF4T_LUT == 4 ? 64 : 32) + (i & 7) * 4) = make_uint4(p, p, p, p);
-    }
+    fill_pair16();
 #elif NF4T_LUT == 0
     setup_tables();
 #endif

@@ -349,8 +349,10 @@ def test_pairx_offsets_are_one_byte_permute_of_the_word_and_the_lane():
             w = rng.getrandbits(32)
             for j in range(4):
                 assert _prmt(w, lane << 2, 0x5504 | (j << 4)) == (((w >> (8 * j)) & 0xFF) << 8) | (lane << 2)
-    with pytest.raises(InvalidConfig, match="K-split tensor-core path only"):
-        MM.config(lut="pairx", m=1)
+    with pytest.raises(InvalidConfig, match="16-bit operand pairs"):
+        MM.config(lut="pairx", dtype="fp32", m=1)
+    with pytest.raises(InvalidConfig, match="16-bit operand pairs"):
+        MM.config(mma="mma", rows_per_warp=16, mtile=8, scale="value", lut="pairx", m=8)
     h200 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
     ks = dict(mma="mma-ks", rows_per_warp=32, mtile=8, scale="block", load_bytes=8, warps=8, unroll=2, m=1)
     pair = MatmulPlan(MM.config(**ks, lut="pair"), 1, 4096, 4096, 64, 256, h200, device="cpu")
@@ -404,3 +406,35 @@ def test_the_tile_scale_table_constraints_registers_and_shared_memory(compile_ca
     bulk = MM.config(**ks, stages=4, feed="bulk").render().replace("#define NF4T_STATS 0", "#define NF4T_STATS 1")
     with pytest.raises(CompileError, match="not a structure of the bulk feed"):
         compile_source(bulk, "sm_90", "nf4t_matmul", cache_dir=compile_cache)
+
+
+def test_simt_with_the_16_bit_pair_decodes(compile_cache):
+    """SIMT with lut prmt / pairx: bf16 and fp16 only; the codes are rounded to the activation dtype,
+    so the bound allows the operand rounding (as on the tensor cores); pairx's 64 KiB table is dynamic
+    shared memory before A's staging and needs the opt-in; both compile for sm_90 without spills."""
+    from tuner.kernel.compiler import compile_config
+
+    simt = dict(load_bytes=16, rows_per_warp=4, warps=2, mtile=1, m=1)
+    S = torch.ones(1, 4, dtype=torch.float64)
+    y = torch.zeros(1, 4, dtype=torch.float64)
+    for lut in ("prmt", "pairx"):
+        for dtype, u in (("bf16", 2.0**-8), ("fp16", 2.0**-11)):
+            c = MM.config(**simt, lut=lut, dtype=dtype)
+            got = error_bound(c, 4096, S, y)
+            base = error_bound(MM.config(**simt, lut="shared", dtype=dtype), 4096, S, y)
+            assert torch.allclose(got, base + u * (1 + u))
+            k = compile_config(c, "sm_90", cache_dir=compile_cache)
+            assert k.registers and not k.spill_stores
+        with pytest.raises(InvalidConfig, match="16-bit operand pairs"):
+            MM.config(**simt, lut=lut, dtype="fp32")
+    h200 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
+    shared = MatmulPlan(MM.config(**simt, lut="shared"), 1, 4096, 4096, 64, 256, h200, device="cpu")
+    pairx = MatmulPlan(MM.config(**simt, lut="pairx"), 1, 4096, 4096, 64, 256, h200, device="cpu")
+    assert (shared.smem, pairx.smem) == (0, 64 * 1024)
+    staged = MatmulPlan(MM.config(**dict(simt, mtile=2, load_bytes=8, m=2), lut="pairx", astage="shared"), 2, 4096,
+                        4096, 64, 256, h200, device="cpu")
+    assert staged.smem == 64 * 1024 + 2 * 4096 * 2
+    with pytest.raises(UnsupportedInput, match="dynamic shared memory"):
+        MatmulPlan(MM.config(**simt, lut="pairx"), 1, 4096, 4096, 64, 256, LIMITS, device="cpu")
+    src = MM.config(**simt, lut="pairx").render()
+    assert "a_sh = reinterpret_cast<act_t*>(nf4t_dyn + NF4T_DYN_TABLE)" in src

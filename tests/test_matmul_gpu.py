@@ -96,6 +96,12 @@ CONFIGS = [
              stages=4, stats="tile")),
     (16, dict(mma="mma-ks", load_bytes=16, rows_per_warp=16, mtile=16, warps=4, ksplit=1, scale="block",
               lut="register", stages=4, unroll=2, persist=1, stats="tile", wload="plain")),
+    # SIMT with the 16-bit pair decodes (codes rounded to the activation dtype, turned into floats):
+    # the pair table in dynamic shared memory before A's staging, split-K, the batch tile; the
+    # byte-permute decode with the register prefetch and every value scaled
+    (2, dict(load_bytes=8, rows_per_warp=4, mtile=2, warps=4, ksplit=2, lut="pairx", astage="shared")),
+    (1, dict(load_bytes=16, rows_per_warp=4, mtile=1, warps=2, ksplit=1, lut="pairx", prefetch=1)),
+    (1, dict(load_bytes=16, rows_per_warp=4, mtile=1, warps=2, ksplit=1, lut="prmt", prefetch=1, scale="value")),
 ]
 
 
@@ -104,6 +110,8 @@ CONFIGS = [
 def test_every_path_passes_the_gate(seed, m, knobs, dtype):
     if knobs.get("mma", "simt") != "simt" and dtype == "fp32":
         pytest.skip("no tensor-core path for fp32")
+    if knobs.get("lut") in ("prmt", "pairx") and dtype == "fp32":
+        pytest.skip("no 16-bit code pairs for fp32")
     for quant, bs in (("nf4", 64), ("fp4", 128), ("nf4", 32)):
         prob = P(1000, 2048, m, dtype, quant, bs)
         c = MM.config(**knobs, dtype=dtype, quant=quant, m=m)
@@ -116,7 +124,8 @@ def test_large_k_and_the_five_target_shapes(seed):
     for n, k in ((1024, 4096), (4096, 14336), (28672, 8192)):
         for m, knobs in ((1, CONFIGS[0][1]), (16, dict(CONFIGS[7][1], astage="global")), (1, CONFIGS[13][1]),
                          (1, CONFIGS[19][1]), (1, CONFIGS[21][1]), (1, CONFIGS[25][1]), (1, CONFIGS[26][1]),
-                         (16, CONFIGS[28][1]), (1, CONFIGS[29][1]), (16, CONFIGS[30][1])):
+                         (16, CONFIGS[28][1]), (1, CONFIGS[29][1]), (16, CONFIGS[30][1]), (2, CONFIGS[31][1]),
+                         (1, CONFIGS[32][1]), (1, CONFIGS[33][1])):
             c = MM.config(**knobs, dtype="bf16", quant="nf4", m=m)
             r = check_config(c, P(n, k, m), seed=seed)
             assert r.ok, f"{c.short()} {n}x{k}: {r.reason}"
@@ -140,7 +149,7 @@ def test_plain_absmax(seed):
     for knobs in (CONFIGS[3][1], dict(CONFIGS[6][1], mtile=8), CONFIGS[9][1], CONFIGS[10][1], CONFIGS[13][1],
                   CONFIGS[14][1], CONFIGS[17][1], dict(CONFIGS[18][1], mtile=8), CONFIGS[19][1], CONFIGS[20][1],
                   CONFIGS[23][1], CONFIGS[25][1], CONFIGS[26][1], dict(CONFIGS[28][1], mtile=8), CONFIGS[29][1],
-                  dict(CONFIGS[30][1], mtile=8)):
+                  dict(CONFIGS[30][1], mtile=8), CONFIGS[31][1], CONFIGS[32][1], CONFIGS[33][1]):
         c = MM.config(**knobs, m=8 if knobs.get("mma") == "mma" else 2)
         out = MM.new_output(plain)
         bind(load_kernel(c), plain, out)()

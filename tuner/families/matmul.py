@@ -164,12 +164,17 @@ def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, pers
     return None
 
 
-def _lut_path(mma, lut):
-    if lut == "prmt" and mma != "mma-ks":
-        return "the byte-permute decode (lut prmt) builds 16-bit operands: the K-split tensor-core path only"
-    if lut == "pairx" and mma != "mma-ks":
-        return "the permute-addressed pair table (lut pairx) holds 16-bit operand pairs: the K-split tensor-core path only"
+def _lut_path(mma, lut, dtype):
+    if lut in ("prmt", "pairx") and (mma == "mma" or dtype == "fp32"):
+        return (f"lut {lut} decodes to 16-bit operand pairs: the K-split tensor-core path and SIMT, with bf16 or "
+                "fp16 activations")
     return None
+
+
+def rounded_codes(config) -> bool:
+    """The variant multiplies the codes rounded to the 16-bit activation dtype (the tensor-core paths,
+    and SIMT with the 16-bit pair decodes lut prmt / pairx), not the exact float32 codes."""
+    return config.mma != "simt" or config.lut in ("prmt", "pairx")
 
 
 def _prefetch_simt(mma, prefetch):
@@ -287,12 +292,16 @@ class MatmulPlan:
                                        f"beside {static} of tables exceed the device's "
                                        f"{limits.smem_per_block_optin} per block")
         else:
-            self.smem = c.mtile * kper * act_bytes if c.astage == "shared" else 0
+            # (lut pairx: its 64 KiB table first, in dynamic shared memory, which then needs the opt-in),
+            # A staged in shared memory
+            table = 256 * 64 * 4 if c.lut == "pairx" else 0
+            self.smem = table + (c.mtile * kper * act_bytes if c.astage == "shared" else 0)
             static = 64 + (256 * 16 * 8 if c.lut == "pair" else 0)
-            if self.smem + static > limits.smem_per_block:
-                raise UnsupportedInput(f"{c.short()}: A staged in shared memory needs {self.smem} bytes beside "
-                                       f"{static} of tables (> {limits.smem_per_block} per block) at K per split "
-                                       f"{kper}")
+            limit = limits.smem_per_block_optin if table else limits.smem_per_block
+            if self.smem + static > limit:
+                raise UnsupportedInput(f"{c.short()}: {self.smem} bytes of dynamic shared memory (A staged: "
+                                       f"{self.smem - table}, lut table: {table}) beside {static} of static tables "
+                                       f"exceed the device's {limit} per block at K per split {kper}")
         gx = tiles
         if getattr(c, "persist", 0):
             # a few CTAs per SM loop over the row tiles: as many as can be resident at once
@@ -364,13 +373,14 @@ def error_bound(config, K: int, S, y_abs):
       reductions, the scale's multiply): gamma(K + 16) * S, with S = |A| @ |W|.T + |bias|; the
       tensor cores accumulate with at least fp32's precision, allowed one extra bit;
     - the tensor-core paths round to the operand dtype first (mma: code * scale, as bnb's
-      dequantize does; mma-ks: the code, multiplied by the fp32 scale after the mma): u_op * S
-      more (bf16 2^-8, fp16 2^-11);
+      dequantize does; mma-ks: the code, multiplied by the fp32 scale after the mma), and so does
+      SIMT with the 16-bit pair decodes (lut prmt / pairx: the code): u_op * S more (bf16 2^-8,
+      fp16 2^-11);
     - one rounding to the output dtype: u_out * (|y| + the above)."""
     u_out = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}[config.dtype]
     tensor = config.mma != "simt"
     acc = gamma(K + 16, 2.0**-23 if tensor else 2.0**-24) * S
-    if tensor:
+    if rounded_codes(config):
         acc = acc + u_out * S          # operand dtype == activation dtype == output dtype
     return acc * (1 + u_out) + u_out * y_abs
 
@@ -410,9 +420,10 @@ class MatmulFamily(Family):
              help="split-K: slices of K over CTAs, summed by fp32 atomics, the last CTA finishing the tile"),
         Knob("lut", ("shared", "register", "pair", "prmt", "pairx"), "source", "NF4T_LUT",
              help="the 16-entry code in shared memory, a select tree in registers, a 256-entry table of "
-                  "code pairs (one lookup per byte), replicated per lane phase (32 KiB), or (mma-ks) the codes "
-                  "as 16-bit byte tables in registers, four nibbles per byte permute (no memory), or (mma-ks) "
-                  "the pair table with 256-byte rows (64 KiB): a lookup's offset is one byte permute"),
+                  "code pairs (one lookup per byte), replicated per lane phase (32 KiB), or (bf16/fp16, mma-ks "
+                  "and SIMT) the codes as 16-bit byte tables in registers, four nibbles per byte permute (no "
+                  "memory), or the 16-bit pair table with 256-byte rows (64 KiB): a lookup's offset is one byte "
+                  "permute"),
         Knob("astage", ("global", "shared"), "source", "NF4T_ASTAGE", label="A:{}",
              help="A read per step from global memory (L1/L2), or staged once per CTA in shared memory"),
         Knob("scale", ("value", "block"), "source", "NF4T_SCALE", label="s:{}",
@@ -444,7 +455,7 @@ class MatmulFamily(Family):
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "scale", "dtype"), _path_shape),
         Constraint(("mma", "mtile", "m"), _tile_fits_batch),
         Constraint(("mma", "prefetch"), _prefetch_simt),
-        Constraint(("mma", "lut"), _lut_path),
+        Constraint(("mma", "lut", "dtype"), _lut_path),
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "warps", "astage", "unroll", "persist",
                     "prefetch", "stages", "feed", "stats"), _ks_shape),
     )
@@ -456,7 +467,8 @@ class MatmulFamily(Family):
         "mma-ks: rows_per_warp 16/32 (rows per CTA), mtile 8/16, scale block, A global, dtype bf16/fp16, "
         "warps*rows*mtile <= 2048, loads in flight <= 128 registers, the ring (stages) <= 160 KiB and without "
         "prefetch; the bulk feed with stages; stats tile not with the bulk feed; unroll, persist, stages, feed, "
-        "stats and lut prmt/pairx only here",
+        "stats only here",
+        "lut prmt/pairx: mma-ks or simt, bf16/fp16 (16-bit code pairs; simt's pairx table needs the shared-memory opt-in)",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
