@@ -27,7 +27,10 @@ X2="{$KS,\"lut\":\"pairx\",\"rows_per_warp\":32,\"mtile\":8,\"warps\":8,\"ksplit
 X3="{$KS,\"lut\":\"pairx\",\"rows_per_warp\":16,\"mtile\":8,\"warps\":8,\"ksplit\":1,\"unroll\":4,\"persist\":1,\"stats\":\"tile\"}"
 X4="{$KS,\"lut\":\"pairx\",\"rows_per_warp\":16,\"mtile\":8,\"warps\":8,\"ksplit\":1,\"unroll\":4,\"prefetch\":1,\"stats\":\"tile\"}"
 X5="{$KS,\"lut\":\"pairx\",\"rows_per_warp\":32,\"mtile\":8,\"warps\":8,\"ksplit\":2,\"unroll\":2}"
-export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5"
+# ... and SIMT with the 16-bit pair table (lut pairx, examples/h200/matmul/simt-s7/simtpairs*)
+P1='{"load_bytes":16,"rows_per_warp":4,"warps":8,"ksplit":1,"lut":"pairx","scale":"block","wload":"stream"}'
+P2='{"load_bytes":16,"rows_per_warp":8,"warps":8,"ksplit":1,"lut":"pairx","scale":"block","wload":"stream"}'
+export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5|$P1|$P2"
 export MM_CANDIDATES_8="$K1|$K2|$K3|$K4"
 export MM_CANDIDATES_16="$L1|$L2|$L3|$M16"
 export MM_CANDIDATES_32="$L1|$L2|$L3|$M16"
