@@ -214,18 +214,13 @@ __device__ __forceinline__ void setup_tables() {
                          NF4T_V8, NF4T_V9, NF4T_V10, NF4T_V11, NF4T_V12, NF4T_V13, NF4T_V14, NF4T_V15};
 #if NF4T_LUT == 0
     if (threadIdx.x < 16) nf4t_lut[threadIdx.x] = v[threadIdx.x];
-#elif NF4T_LUT == 2 && NF4T_MMA == 2
-    for (u32 i = threadIdx.x; i < 256 * 32; i += blockDim.x) {
-        const u32 e = i >> 5;
-        nf4t_pairs16[i] = pack_pair(lut_select(e >> 4), lut_select(e & 15u));
-    }
+#elif (NF4T_LUT == 2 && NF4T_MMA == 2) || NF4T_LUT == 4
+    fill_pair16();
 #elif NF4T_LUT == 2
     for (u32 i = threadIdx.x; i < 256 * 16; i += blockDim.x) {
         const u32 e = i >> 4;
         nf4t_pairs[i] = make_float2(lut_select(e >> 4), lut_select(e & 15u));
     }
-#elif NF4T_LUT == 4
-    fill_pair16();
 #endif
     (void)v;
 }
@@ -864,14 +859,6 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
 
 
 
-__device__ __forceinline__ void ks_tables() {
-#if NF4T_LUT == 2 || NF4T_LUT == 4
-    fill_pair16();
-#elif NF4T_LUT == 0
-    setup_tables();
-#endif
-}
-
 struct KsGroup {                                   // the loads of one group of NF4T_U windows
     u32 w[NF4T_U][NF4T_RT][2][NF4T_WWORDS];        // rows g, g+8 of each row tile
     ScaleRaw raw[NF4T_U][NF4T_RT][2];
@@ -1449,7 +1436,7 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     for (u32 i = threadIdx.x * 16u; i < G.kc * (u32)sizeof(act_t); i += blockDim.x * 16u)
         asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(zero + i), "r"(0u) : "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    ks_tables();
+    setup_tables();
     if (code2 != nullptr)
         for (u32 i = threadIdx.x; i < 256; i += blockDim.x) nf4t_code2[i] = __ldg(code2 + i);
     __syncthreads();
@@ -1546,7 +1533,7 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     if (kw < k_end) ks_load(G, A, B, s, tile * NF4T_RPW, N, K, k_end, m0, mrows, g, t, kw, kstep);
 #endif
 #endif
-    ks_tables();
+    setup_tables();
     if (code2 != nullptr)
         for (u32 i = threadIdx.x; i < 256; i += blockDim.x) nf4t_code2[i] = __ldg(code2 + i);
     __syncthreads();
