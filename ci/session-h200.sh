@@ -34,7 +34,7 @@ export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5|
 export MM_CANDIDATES_8="$K1|$K2|$K3|$K4"
 export MM_CANDIDATES_16="$L1|$L2|$L3|$M16"
 export MM_CANDIDATES_32="$L1|$L2|$L3|$M16"
-export MM_TABLE_BUCKETS="${MM_TABLE_BUCKETS:-1 8 16 32}" MM_TABLE="${MM_TABLE:-$OUT/matmul-configs.json}" MM_BENCH_BUCKETS="1 8 16 32 64"
+export MM_TABLE_BUCKETS="${MM_TABLE_BUCKETS:-1 8 16 32}" MM_TABLE="${MM_TABLE:-$OUT/matmul-configs.json}" MM_BENCH_BUCKETS="${MM_BENCH_BUCKETS:-1 8 16 32 64}"
 t0=$(date +%s)
 step() { echo "=== $1 at +$(( $(date +%s) - t0 )) s"; }
 want() { [[ " ${STEPS:-tests mmtable mmbench decode} " == *" $1 "* ]]; }
