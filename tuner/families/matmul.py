@@ -284,12 +284,13 @@ class MatmulPlan:
             table = scale_table_bytes(c.rows_per_warp, kper, blocksize) if c.stats == "tile" else 0
             # (lut pairx: its 64 KiB table first, in dynamic shared memory), the partial sums, the ring,
             # the tile's scale table
-            self.smem = ((256 * 64 * 4 if c.lut == "pairx" else 0) + c.warps * c.mtile * c.rows_per_warp * 4 + ring
-                         + table)
+            lut_table, sums = 256 * 64 * 4 if c.lut == "pairx" else 0, c.warps * c.mtile * c.rows_per_warp * 4
+            self.smem = lut_table + sums + ring + table
             static = 64 + 1024 + 16 * c.stages + (256 * 32 * 4 if c.lut == "pair" else 0)
             if self.smem + static > limits.smem_per_block_optin:
-                raise UnsupportedInput(f"{c.short()}: {self.smem} bytes of shared memory (partial sums and ring) "
-                                       f"beside {static} of tables exceed the device's "
+                raise UnsupportedInput(f"{c.short()}: {self.smem} bytes of dynamic shared memory (lut table "
+                                       f"{lut_table}, partial sums {sums}, ring {ring}, scale table {table}) beside "
+                                       f"{static} of static tables exceed the device's "
                                        f"{limits.smem_per_block_optin} per block")
         else:
             # (lut pairx: its 64 KiB table first, in dynamic shared memory, which then needs the opt-in),
