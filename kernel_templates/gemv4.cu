@@ -198,24 +198,18 @@ __device__ __forceinline__ u32 pack_pair(float first, float second) {
     return r;
 }
 
-#if (NF4T_LUT == 2 && NF4T_MMA == 2) || NF4T_LUT == 4
-// the 16-bit pair table: 256 pairs, each written to its 32 lane copies with 16-byte stores
-__device__ __forceinline__ void fill_pair16() {
-    for (u32 i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
-        const u32 e = i >> 3;
-        const u32 p = pack_pair(lut_select(e >> 4), lut_select(e & 15u));
-        *reinterpret_cast<uint4*>(nf4t_pairs16 + e * (NF4T_LUT == 4 ? 64 : 32) + (i & 7) * 4) = make_uint4(p, p, p, p);
-    }
-}
-#endif
-
 __device__ __forceinline__ void setup_tables() {
     const float v[16] = {NF4T_V0, NF4T_V1, NF4T_V2, NF4T_V3, NF4T_V4, NF4T_V5, NF4T_V6, NF4T_V7,
                          NF4T_V8, NF4T_V9, NF4T_V10, NF4T_V11, NF4T_V12, NF4T_V13, NF4T_V14, NF4T_V15};
 #if NF4T_LUT == 0
     if (threadIdx.x < 16) nf4t_lut[threadIdx.x] = v[threadIdx.x];
 #elif (NF4T_LUT == 2 && NF4T_MMA == 2) || NF4T_LUT == 4
-    fill_pair16();
+    // the 16-bit pair table: 256 pairs, each written to its 32 lane copies with 16-byte stores
+    for (u32 i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
+        const u32 e = i >> 3;
+        const u32 p = pack_pair(lut_select(e >> 4), lut_select(e & 15u));
+        *reinterpret_cast<uint4*>(nf4t_pairs16 + e * (NF4T_LUT == 4 ? 64 : 32) + (i & 7) * 4) = make_uint4(p, p, p, p);
+    }
 #elif NF4T_LUT == 2
     for (u32 i = threadIdx.x; i < 256 * 16; i += blockDim.x) {
         const u32 e = i >> 4;

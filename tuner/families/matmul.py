@@ -35,6 +35,10 @@ REF_DENSE = "dense F.linear (16-bit weight)"
 MAX_WEIGHT = 2**31 - 1
 #: the read-only reduction the ceiling is measured on
 READ_BYTES = 512 << 20
+#: the LUTs that decode to 16-bit operand pairs (codes rounded to the activation dtype)
+PAIR16_LUTS = ("prmt", "pairx")
+#: lut pairx's table in dynamic shared memory: 256 entries x 256-byte rows (the template's NF4T_DYN_TABLE)
+PAIRX_TABLE_BYTES = 256 * 64 * 4
 
 
 def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
@@ -165,7 +169,7 @@ def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, pers
 
 
 def _lut_path(mma, lut, dtype):
-    if lut in ("prmt", "pairx") and (mma == "mma" or dtype == "fp32"):
+    if lut in PAIR16_LUTS and (mma == "mma" or dtype == "fp32"):
         return (f"lut {lut} decodes to 16-bit operand pairs: the K-split tensor-core path and SIMT, with bf16 or "
                 "fp16 activations")
     return None
@@ -174,7 +178,7 @@ def _lut_path(mma, lut, dtype):
 def rounded_codes(config) -> bool:
     """The variant multiplies the codes rounded to the 16-bit activation dtype (the tensor-core paths,
     and SIMT with the 16-bit pair decodes lut prmt / pairx), not the exact float32 codes."""
-    return config.mma != "simt" or config.lut in ("prmt", "pairx")
+    return config.mma != "simt" or config.lut in PAIR16_LUTS
 
 
 def _prefetch_simt(mma, prefetch):
@@ -271,6 +275,8 @@ class MatmulPlan:
         tiles = -(-N // rows_per_cta)
         mtiles = -(-M // c.mtile)
         act_bytes = OUT_BYTES[c.dtype]
+        # lut pairx's table comes first in the dynamic shared memory, on every path that takes it
+        lut_table = PAIRX_TABLE_BYTES if c.lut == "pairx" else 0
         if c.mma == "mma-ks":
             # the warps' partial sums, then the ring
             if c.feed == "bulk":
@@ -282,9 +288,8 @@ class MatmulPlan:
             else:
                 ring = ring_bytes(c.load_bytes, c.rows_per_warp, c.unroll, c.stages, c.warps, c.stats)
             table = scale_table_bytes(c.rows_per_warp, kper, blocksize) if c.stats == "tile" else 0
-            # (lut pairx: its 64 KiB table first, in dynamic shared memory), the partial sums, the ring,
-            # the tile's scale table
-            lut_table, sums = 256 * 64 * 4 if c.lut == "pairx" else 0, c.warps * c.mtile * c.rows_per_warp * 4
+            # (the lut table,) the partial sums, the ring, the tile's scale table
+            sums = c.warps * c.mtile * c.rows_per_warp * 4
             self.smem = lut_table + sums + ring + table
             static = 64 + 1024 + 16 * c.stages + (256 * 32 * 4 if c.lut == "pair" else 0)
             if self.smem + static > limits.smem_per_block_optin:
@@ -293,15 +298,14 @@ class MatmulPlan:
                                        f"{static} of static tables exceed the device's "
                                        f"{limits.smem_per_block_optin} per block")
         else:
-            # (lut pairx: its 64 KiB table first, in dynamic shared memory, which then needs the opt-in),
-            # A staged in shared memory
-            table = 256 * 64 * 4 if c.lut == "pairx" else 0
-            self.smem = table + (c.mtile * kper * act_bytes if c.astage == "shared" else 0)
+            # (the lut table, which then needs the opt-in,) A staged in shared memory
+            staged = c.mtile * kper * act_bytes if c.astage == "shared" else 0
+            self.smem = lut_table + staged
             static = 64 + (256 * 16 * 8 if c.lut == "pair" else 0)
-            limit = limits.smem_per_block_optin if table else limits.smem_per_block
+            limit = limits.smem_per_block_optin if lut_table else limits.smem_per_block
             if self.smem + static > limit:
                 raise UnsupportedInput(f"{c.short()}: {self.smem} bytes of dynamic shared memory (A staged: "
-                                       f"{self.smem - table}, lut table: {table}) beside {static} of static tables "
+                                       f"{staged}, lut table: {lut_table}) beside {static} of static tables "
                                        f"exceed the device's {limit} per block at K per split {kper}")
         gx = tiles
         if getattr(c, "persist", 0):
