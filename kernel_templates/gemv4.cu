@@ -48,7 +48,11 @@
 //                turns each pair into two floats (the codes rounded to the activation dtype).
 //   NF4T_ASTAGE  0 global: each warp reads its run of A per k-iteration from global memory (L1
 //                and L2 hits: A is small and every CTA reads it); 1 shared: the CTA copies its
-//                K slice of A x MTILE into shared memory once (dynamic shared memory).
+//                K slice of A x MTILE into shared memory once (dynamic shared memory). SIMT stages
+//                it lane-major (see a_slot): a lane's run is 64 bytes apart from its neighbour's, so
+//                read as it lies each 16-byte load of a warp would touch 16 lines (global) or
+//                conflict 4-way (shared); lane-major, a warp's k-th 16-byte chunks are 512
+//                contiguous bytes (4 wavefronts).
 //   NF4T_SCALE   0 value: every weight scaled before the product (w = fl(lut * scale));
 //                1 block: sum lut[q] * a over the lane's run, then one multiply by the scale.
 //                (SIMT only; the MMA path scales per value.)
@@ -57,6 +61,8 @@
 //                1: software pipelined: the next k-iteration's W and statistics are loaded before
 //                the current one is computed, so a warp always has loads in flight (twice the
 //                registers for W).
+//   NF4T_REGCAP  SIMT: 0 the compiler's register count; R > 0: __maxnreg__(R), so that more warps fit an
+//                SM (64: 32 warps, e.g. two 16-warp CTAs sharing one pair table each).
 //   NF4T_UNROLL  mma-ks: windows of K per group (all loads of a group issued before the first is used).
 //   NF4T_PERSIST mma-ks: 1 a few CTAs per SM loop over the row tiles.
 //   NF4T_STAGES  mma-ks: 0 W goes global -> registers (NF4T_PREFETCH decides how far ahead); N > 0:
@@ -538,6 +544,65 @@ __device__ __forceinline__ void load_a_run(const act_t* __restrict__ src, float 
 #endif
 }
 
+#if NF4T_ASTAGE == 1
+// A staged lane-major (SIMT): within each warp step of 32 x VPL values, chunk c (16 bytes) of lane
+// L's run sits at chunk c * 32 + L, so the warp's loads of chunk c are 512 contiguous bytes.
+// kk: the value's offset in the K slice (a multiple of the chunk).
+#define NF4T_ACH (16 / (int)sizeof(act_t))          // values per 16-byte chunk
+__device__ __forceinline__ u32 a_slot(u32 kk) {
+    const u32 r = kk % (32u * NF4T_VPL);
+    return kk - r + ((r % NF4T_VPL) / NF4T_ACH * 32u + r / NF4T_VPL) * NF4T_ACH;
+}
+
+// The sums over a lane's run for the warp's rows, A read chunk by chunk from the lane-major stage
+// (first = the lane's chunk 0, the next chunks 32 apart): only one chunk of A (8 or 4 floats) is live,
+// not the whole run, so fewer registers hold A. Per row the same products are added in the same
+// order as dot_run's.
+__device__ __forceinline__ void dot_staged(const Decoder& dec, const u32 (&w)[NF4T_RPW][NF4T_WWORDS],
+                                           const act_t* first, const float (&sc)[NF4T_RPW], float (&acc)[NF4T_RPW]) {
+    float part[NF4T_RPW];
+#pragma unroll
+    for (int r = 0; r < NF4T_RPW; ++r) part[r] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < NF4T_VPL / NF4T_ACH; ++c) {
+        const uint4 v = *reinterpret_cast<const uint4*>(first + c * 32 * NF4T_ACH);
+        float a[NF4T_ACH];
+#if NF4T_ACT == 2
+        a[0] = __uint_as_float(v.x); a[1] = __uint_as_float(v.y); a[2] = __uint_as_float(v.z); a[3] = __uint_as_float(v.w);
+#else
+        unpack2(v.x, a[0], a[1]);
+        unpack2(v.y, a[2], a[3]);
+        unpack2(v.z, a[4], a[5]);
+        unpack2(v.w, a[6], a[7]);
+#endif
+#pragma unroll
+        for (int r = 0; r < NF4T_RPW; ++r) {
+#pragma unroll
+            for (int jj = 0; jj < NF4T_ACH / 2; ++jj) {
+                const int j = c * (NF4T_ACH / 2) + jj;          // byte j of the run: values 2j, 2j+1
+                float first_v, second_v;
+                dec.values(w[r][j >> 2], j & 3, first_v, second_v);
+#if NF4T_SCALE == 0
+                part[r] = fmaf(__fmul_rn(first_v, sc[r]), a[2 * jj], part[r]);
+                part[r] = fmaf(__fmul_rn(second_v, sc[r]), a[2 * jj + 1], part[r]);
+#else
+                part[r] = fmaf(first_v, a[2 * jj], part[r]);
+                part[r] = fmaf(second_v, a[2 * jj + 1], part[r]);
+#endif
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NF4T_RPW; ++r) {
+#if NF4T_SCALE == 1
+        acc[r] += part[r] * sc[r];
+#else
+        acc[r] += part[r];
+#endif
+    }
+}
+#endif
+
 // sum over a lane's run: byte j of the run holds values 2j (high nibble) and 2j+1 (low nibble)
 __device__ __forceinline__ float dot_run(const Decoder& dec, const u32 (&w)[NF4T_WWORDS], const float (&a)[NF4T_VPL],
                                          float sc) {
@@ -578,13 +643,17 @@ __device__ __forceinline__ void simt_load(const u8* __restrict__ B, const Scales
     }
 }
 
-extern "C" __global__ void
+#if NF4T_REGCAP > 0
+#define NF4T_KERNEL_ATTR __maxnreg__(NF4T_REGCAP)
+#else
+#define NF4T_KERNEL_ATTR
+#endif
+extern "C" __global__ void NF4T_KERNEL_ATTR
 nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
             const u8* __restrict__ absmax_q, const float* __restrict__ code2, const float* __restrict__ absmax2,
             const float* __restrict__ absmax_f, const float* __restrict__ offset_ptr,
             const act_t* __restrict__ bias, act_t* __restrict__ out, float* __restrict__ ws,
             u32* __restrict__ counters, u32 M, u32 N, u32 K, u32 log2_bs, u32 log2_g, u32 kper) {
-    setup_tables();
     const Decoder dec = make_decoder();
     Scales s;
     s.absmax_q = absmax_q; s.code2 = code2; s.absmax2 = absmax2; s.absmax_f = absmax_f;
@@ -600,8 +669,16 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     const u32 k_begin = blockIdx.y * kper;
     const u32 k_end = min(K, k_begin + kper);
 
+    // the first step's W and statistics are loaded before the tables are filled and A is staged
+    const u32 kstride = 32 * NF4T_VPL;
+    u32 w[NF4T_RPW][NF4T_WWORDS];
+    ScaleRaw raw[NF4T_RPW];
+    u32 k = k_begin + lane * NF4T_VPL;
+    if (k < k_end) simt_load(B, s, row0, N, K, k, w, raw);
+    setup_tables();
 #if NF4T_ASTAGE == 1
-    act_t* a_sh = reinterpret_cast<act_t*>(nf4t_dyn + NF4T_DYN_TABLE);     // [MTILE][kper], after lut pairx's table
+    // [MTILE][kper] lane-major (a_slot), after lut pairx's table; kper is a multiple of the warp step
+    act_t* a_sh = reinterpret_cast<act_t*>(nf4t_dyn + NF4T_DYN_TABLE);
     if (k_begin < k_end) {
         const u32 len = k_end - k_begin;                  // a multiple of 32 values
         const u32 vec = 16 / sizeof(act_t);
@@ -609,7 +686,7 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
             const u32 m = i / (len / vec), kk = (i % (len / vec)) * vec;
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
             if (m < mrows) v = *reinterpret_cast<const uint4*>(A + (u64)(m0 + m) * K + k_begin + kk);
-            *reinterpret_cast<uint4*>(a_sh + m * kper + kk) = v;
+            *reinterpret_cast<uint4*>(a_sh + m * kper + a_slot(kk)) = v;
         }
     }
 #endif
@@ -621,11 +698,6 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
 #pragma unroll
         for (int r = 0; r < NF4T_RPW; ++r) acc[m][r] = 0.0f;
 
-    const u32 kstride = 32 * NF4T_VPL;
-    u32 w[NF4T_RPW][NF4T_WWORDS];
-    ScaleRaw raw[NF4T_RPW];
-    u32 k = k_begin + lane * NF4T_VPL;
-    if (k < k_end) simt_load(B, s, row0, N, K, k, w, raw);
     for (; k < k_end; k += kstride) {
 #if NF4T_PREFETCH == 1
         u32 wn[NF4T_RPW][NF4T_WWORDS];
@@ -638,14 +710,14 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
 #pragma unroll
         for (int m = 0; m < NF4T_MTILE; ++m) {
             if (m < (int)mrows) {
-                float a[NF4T_VPL];
 #if NF4T_ASTAGE == 1
-                load_a_run(a_sh + m * kper + (k - k_begin), a);
+                dot_staged(dec, w, a_sh + m * kper + (k - k_begin) - lane * (NF4T_VPL - NF4T_ACH), sc, acc[m]);
 #else
+                float a[NF4T_VPL];
                 load_a_run(A + (u64)(m0 + m) * K + k, a);
-#endif
 #pragma unroll
                 for (int r = 0; r < NF4T_RPW; ++r) acc[m][r] += dot_run(dec, w[r], a, sc[r]);
+#endif
             }
         }
 #if NF4T_PREFETCH == 1

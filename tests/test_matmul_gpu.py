@@ -102,6 +102,10 @@ CONFIGS = [
     (2, dict(load_bytes=8, rows_per_warp=4, mtile=2, warps=4, ksplit=2, lut="pairx", astage="shared")),
     (1, dict(load_bytes=16, rows_per_warp=4, mtile=1, warps=2, ksplit=1, lut="pairx", prefetch=1)),
     (1, dict(load_bytes=16, rows_per_warp=4, mtile=1, warps=2, ksplit=1, lut="prmt", prefetch=1, scale="value")),
+    # SIMT with A staged lane-major in shared memory: 16-byte loads (four chunks per run, eight for
+    # fp32), 16-warp CTAs, the pair table before the stage, split-K with a partial last step, the batch tile
+    (1, dict(load_bytes=16, rows_per_warp=4, mtile=1, warps=16, ksplit=1, lut="pairx", astage="shared", prefetch=1)),
+    (2, dict(load_bytes=16, rows_per_warp=4, mtile=2, warps=16, ksplit=2, astage="shared")),
 ]
 
 
@@ -125,7 +129,7 @@ def test_large_k_and_the_five_target_shapes(seed):
         for m, knobs in ((1, CONFIGS[0][1]), (16, dict(CONFIGS[7][1], astage="global")), (1, CONFIGS[13][1]),
                          (1, CONFIGS[19][1]), (1, CONFIGS[21][1]), (1, CONFIGS[25][1]), (1, CONFIGS[26][1]),
                          (16, CONFIGS[28][1]), (1, CONFIGS[29][1]), (16, CONFIGS[30][1]), (2, CONFIGS[31][1]),
-                         (1, CONFIGS[32][1]), (1, CONFIGS[33][1])):
+                         (1, CONFIGS[32][1]), (1, CONFIGS[33][1]), (1, CONFIGS[34][1]), (2, CONFIGS[35][1])):
             c = MM.config(**knobs, dtype="bf16", quant="nf4", m=m)
             r = check_config(c, P(n, k, m), seed=seed)
             assert r.ok, f"{c.short()} {n}x{k}: {r.reason}"
