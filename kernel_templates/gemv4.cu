@@ -165,8 +165,10 @@ __shared__ __align__(16) u32 nf4t_pairs16[256 * 32];   // [byte][lane]: operand-
 #elif NF4T_LUT == 2
 __shared__ __align__(16) float2 nf4t_pairs[256 * 16];
 #endif
-#if NF4T_MMA == 2
-__shared__ float nf4t_code2[256];                       // the nested statistics' code
+#if NF4T_MMA == 2 || NF4T_MMA == 0
+// the nested statistics' code (256 floats): a warp's 16 lookups of one step fall in 32 banks, not in
+// up to 8 L1 lines
+__shared__ float nf4t_code2[256];
 #endif
 
 __device__ __forceinline__ float lut(u32 q) {
@@ -449,9 +451,13 @@ __device__ __forceinline__ ScaleRaw scale_load_block(const Scales& s, u32 b) {
     return r;
 }
 __device__ __forceinline__ ScaleRaw scale_load(const Scales& s, u32 e) { return scale_load_block(s, e >> s.log2_bs); }
-__device__ __forceinline__ float scale_finish(const Scales& s, ScaleRaw r) {
+__device__ __forceinline__ float scale_finish(const Scales& s, ScaleRaw r) {   // SIMT: the code in shared memory
     if (s.absmax_f != nullptr) return r.a;
+#if NF4T_MMA == 0
+    return __fadd_rn(__fmul_rn(nf4t_code2[r.q], r.a), s.offset);
+#else
     return __fadd_rn(__fmul_rn(__ldg(s.code2 + r.q), r.a), s.offset);
+#endif
 }
 
 // ---------------------------------------------------------------- output
@@ -676,6 +682,8 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     u32 k = k_begin + lane * NF4T_VPL;
     if (k < k_end) simt_load(B, s, row0, N, K, k, w, raw);
     setup_tables();
+    if (code2 != nullptr)
+        for (u32 i = threadIdx.x; i < 256; i += blockDim.x) nf4t_code2[i] = __ldg(code2 + i);
 #if NF4T_ASTAGE == 1
     // [MTILE][kper] lane-major (a_slot), after lut pairx's table; kper is a multiple of the warp step
     act_t* a_sh = reinterpret_cast<act_t*>(nf4t_dyn + NF4T_DYN_TABLE);

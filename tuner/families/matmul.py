@@ -313,7 +313,7 @@ class MatmulPlan:
             # (the lut table, which then needs the opt-in,) A staged in shared memory
             staged = c.mtile * kper * act_bytes if c.astage == "shared" else 0
             self.smem = lut_table + staged
-            static = 64 + (256 * 16 * 8 if c.lut == "pair" else 0)
+            static = 64 + 1024 + (256 * 16 * 8 if c.lut == "pair" else 0)     # 16-entry lut, code2, pair table
             limit = limits.smem_per_block_optin if lut_table else limits.smem_per_block
             if self.smem + static > limit:
                 raise UnsupportedInput(f"{c.short()}: {self.smem} bytes of dynamic shared memory (A staged: "
