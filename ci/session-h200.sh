@@ -30,7 +30,14 @@ X5="{$KS,\"lut\":\"pairx\",\"rows_per_warp\":32,\"mtile\":8,\"warps\":8,\"ksplit
 # ... and SIMT with the 16-bit pair table (lut pairx, examples/h200/matmul/simt-s7/simtpairs*)
 P1='{"load_bytes":16,"rows_per_warp":4,"warps":8,"ksplit":1,"lut":"pairx","scale":"block","wload":"stream"}'
 P2='{"load_bytes":16,"rows_per_warp":8,"warps":8,"ksplit":1,"lut":"pairx","scale":"block","wload":"stream"}'
-export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5|$P1|$P2"
+# ... and SIMT with A staged lane-major in shared memory, 8- and 16-warp CTAs (session 8,
+# examples/h200/matmul/simt-s8/simtstage*)
+A1='{"load_bytes":16,"rows_per_warp":4,"warps":8,"ksplit":1,"lut":"shared","astage":"shared","scale":"block","wload":"stream"}'
+A2='{"load_bytes":16,"rows_per_warp":4,"warps":8,"ksplit":1,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
+A3='{"load_bytes":16,"rows_per_warp":4,"warps":16,"ksplit":1,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
+A4='{"load_bytes":16,"rows_per_warp":4,"warps":16,"ksplit":1,"lut":"shared","astage":"shared","scale":"block","wload":"stream"}'
+A5='{"load_bytes":16,"rows_per_warp":8,"warps":8,"ksplit":1,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
+export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5|$P1|$P2|$A1|$A2|$A3|$A4|$A5"
 export MM_CANDIDATES_8="$K1|$K2|$K3|$K4"
 export MM_CANDIDATES_16="$L1|$L2|$L3|$M16"
 export MM_CANDIDATES_32="$L1|$L2|$L3|$M16"
@@ -39,7 +46,7 @@ t0=$(date +%s)
 step() { echo "=== $1 at +$(( $(date +%s) - t0 )) s"; }
 want() { [[ " ${STEPS:-tests mmtable mmbench decode} " == *" $1 "* ]]; }
 want tests &&   step tests &&   timeout ${TESTS_TIMEOUT:-230} python3 -m pytest -q -m gpu -p no:cacheprovider tests > "$OUT/gpu-tests.txt" 2>&1
-want mmtable && step mmtable && MM_TABLE_TIMEOUT=${MM_TABLE_TIMEOUT:-70} timeout 320 bash ci/gpu-session.sh mmtable >/dev/null 2>&1
+want mmtable && step mmtable && MM_TABLE_TIMEOUT=${MM_TABLE_TIMEOUT:-70} timeout ${MMTABLE_STEP_TIMEOUT:-320} bash ci/gpu-session.sh mmtable >/dev/null 2>&1
 want mmbench && step mmbench && timeout 80 bash ci/gpu-session.sh mmbench >/dev/null 2>&1
 want decode &&  step decode &&  DECODE_ARGS="--table $MM_TABLE" timeout 100 bash ci/gpu-session.sh decode >/dev/null 2>&1
 step done
