@@ -37,7 +37,12 @@ A2='{"load_bytes":16,"rows_per_warp":4,"warps":8,"ksplit":1,"lut":"pairx","astag
 A3='{"load_bytes":16,"rows_per_warp":4,"warps":16,"ksplit":1,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
 A4='{"load_bytes":16,"rows_per_warp":4,"warps":16,"ksplit":1,"lut":"shared","astage":"shared","scale":"block","wload":"stream"}'
 A5='{"load_bytes":16,"rows_per_warp":8,"warps":8,"ksplit":1,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
-export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5|$P1|$P2|$A1|$A2|$A3|$A4|$A5"
+# ... split over K for the narrow shapes (4096 and 1024 rows: 64-256 CTAs of 16-64 rows)
+A6='{"load_bytes":16,"rows_per_warp":4,"warps":8,"ksplit":2,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
+A7='{"load_bytes":16,"rows_per_warp":4,"warps":8,"ksplit":4,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
+A8='{"load_bytes":16,"rows_per_warp":4,"warps":16,"ksplit":2,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
+A9='{"load_bytes":16,"rows_per_warp":2,"warps":8,"ksplit":2,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
+export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5|$P1|$P2|$A1|$A2|$A3|$A4|$A5|$A6|$A7|$A8|$A9"
 export MM_CANDIDATES_8="$K1|$K2|$K3|$K4"
 export MM_CANDIDATES_16="$L1|$L2|$L3|$M16"
 export MM_CANDIDATES_32="$L1|$L2|$L3|$M16"

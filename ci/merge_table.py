@@ -1,0 +1,63 @@
+"""Merge a table run's export into a serving table: every entry of NEW replaces the BASE entry of the
+same GPU model, family, shape, dtype, quant, blocksize and batch bucket; the rest of BASE stays.
+
+Usage: python3 ci/merge_table.py BASE.json NEW.json -o OUT.json
+(the H200 session merges its M = 1 table run into tuner/serve/tuned_configs.json this way, so that the
+as-served benchmark and the decode read the table that will be committed)
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+
+def key(e: dict) -> tuple:
+    return (e.get("gpu"), e.get("family", "dequant"), tuple(e["shape"]), e["dtype"], e["quant"], e["blocksize"],
+            e.get("m"))
+
+
+def merge(base: dict, new: dict) -> tuple:
+    """(merged table, entries replaced, entries added)"""
+    if base.get("format") != new.get("format"):
+        raise ValueError(f"table formats differ: {base.get('format')!r} against {new.get('format')!r}")
+    fresh = {key(e): e for e in new["entries"]}
+    entries, replaced = [], 0
+    for e in base["entries"]:
+        if key(e) in fresh:
+            entries.append(fresh.pop(key(e)))
+            replaced += 1
+        else:
+            entries.append(e)
+    entries.extend(fresh.values())
+    return dict(base, entries=entries), replaced, len(fresh)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("base")
+    ap.add_argument("new")
+    ap.add_argument("-o", "--output", required=True)
+    a = ap.parse_args(argv)
+    try:
+        with open(a.base) as f:
+            base = json.load(f)
+        with open(a.new) as f:
+            new = json.load(f)
+        merged, replaced, added = merge(base, new)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"merge_table: {e}", file=sys.stderr)
+        return 1
+    d = os.path.dirname(os.path.abspath(a.output))
+    fd, tmp = tempfile.mkstemp(dir=d, suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(merged, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, a.output)
+    print(f"{a.output}: {replaced} entries replaced, {added} added, {len(merged['entries'])} in all")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
