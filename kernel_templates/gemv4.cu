@@ -61,8 +61,6 @@
 //                1: software pipelined: the next k-iteration's W and statistics are loaded before
 //                the current one is computed, so a warp always has loads in flight (twice the
 //                registers for W).
-//   NF4T_REGCAP  SIMT: 0 the compiler's register count; R > 0: __maxnreg__(R), so that more warps fit an
-//                SM (64: 32 warps, e.g. two 16-warp CTAs sharing one pair table each).
 //   NF4T_UNROLL  mma-ks: windows of K per group (all loads of a group issued before the first is used).
 //   NF4T_PERSIST mma-ks: 1 a few CTAs per SM loop over the row tiles.
 //   NF4T_STAGES  mma-ks: 0 W goes global -> registers (NF4T_PREFETCH decides how far ahead); N > 0:
@@ -649,12 +647,7 @@ __device__ __forceinline__ void simt_load(const u8* __restrict__ B, const Scales
     }
 }
 
-#if NF4T_REGCAP > 0
-#define NF4T_KERNEL_ATTR __maxnreg__(NF4T_REGCAP)
-#else
-#define NF4T_KERNEL_ATTR
-#endif
-extern "C" __global__ void NF4T_KERNEL_ATTR
+extern "C" __global__ void
 nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
             const u8* __restrict__ absmax_q, const float* __restrict__ code2, const float* __restrict__ absmax2,
             const float* __restrict__ absmax_f, const float* __restrict__ offset_ptr,

@@ -38,3 +38,32 @@ def test_explore_best_per_knob_value_and_the_table(tmp_path):
     assert run.returncode == 0 and run.stdout.strip() == "a.json  8192x8192 M=1  warps=4: 27.0  warps=8: 25.0"
     bad = subprocess.run([sys.executable, str(CI / "explore_best.py"), "--table"], capture_output=True, text=True)
     assert bad.returncode == 1 and "Usage" in bad.stderr
+
+
+def _entry(shape, m, us, family="matmul", **config):
+    return dict(gpu="NVIDIA H200", family=family, shape=list(shape), dtype="bf16", quant="nf4", blocksize=64, m=m,
+                config=config, median_us=us)
+
+
+def test_merge_table_replaces_the_same_problem_and_keeps_the_rest(tmp_path):
+    mt = _module("merge_table")
+    base = dict(format=2, entries=[_entry((8192, 8192), 1, 25.0, lut="pair"), _entry((8192, 8192), 8, 27.0),
+                                   _entry((8192, 8192), None, 44.0, family="dequant")])
+    new = dict(format=2, entries=[_entry((8192, 8192), 1, 22.0, lut="pairx"), _entry((1024, 4096), 1, 9.0)])
+    merged, replaced, added = mt.merge(base, new)
+    assert (replaced, added) == (1, 1)
+    assert [(e["family"], e["m"], e["median_us"]) for e in merged["entries"]] == [
+        ("matmul", 1, 22.0), ("matmul", 8, 27.0), ("dequant", None, 44.0), ("matmul", 1, 9.0)]
+    b, n, out = tmp_path / "base.json", tmp_path / "new.json", tmp_path / "out.json"
+    b.write_text(json.dumps(base))
+    n.write_text(json.dumps(new))
+    run = subprocess.run([sys.executable, str(CI / "merge_table.py"), str(b), str(n), "-o", str(out)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0 and "1 entries replaced, 1 added, 4 in all" in run.stdout
+    assert json.loads(out.read_text()) == merged
+    # another table format is refused, and nothing is written
+    n.write_text(json.dumps(dict(new, format=3)))
+    out2 = tmp_path / "out2.json"
+    bad = subprocess.run([sys.executable, str(CI / "merge_table.py"), str(b), str(n), "-o", str(out2)],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "formats differ" in bad.stderr and not out2.exists()

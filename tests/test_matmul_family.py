@@ -440,3 +440,26 @@ def test_simt_with_the_16_bit_pair_decodes(compile_cache):
         MatmulPlan(MM.config(**simt, lut="pairx"), 1, 4096, 4096, 64, 256, LIMITS, device="cpu")
     src = MM.config(**simt, lut="pairx").render()
     assert "a_sh = reinterpret_cast<act_t*>(nf4t_dyn + NF4T_DYN_TABLE)" in src
+
+
+def test_simt_a_staged_lane_major_and_16_warp_ctas(compile_cache):
+    """SIMT with A staged in shared memory stages it lane-major and reads it chunk by chunk, so only one
+    chunk of A is live: r4 with the pair table fits 64 registers without spills (two 16-warp CTAs, 32
+    warps, per SM), where reading the whole run of A from global memory holds more. 16-warp CTAs are
+    SIMT's only; the plan sizes the pair table and the stage and runs 512 threads."""
+    from tuner.kernel.compiler import compile_config
+
+    c = MM.config(load_bytes=16, rows_per_warp=4, warps=16, mtile=1, m=1, lut="pairx", astage="shared")
+    staged = compile_config(c, "sm_90", cache_dir=compile_cache)
+    whole = compile_config(c.replace(astage="global"), "sm_90", cache_dir=compile_cache)
+    assert staged.registers <= 64 and not staged.spill_stores
+    assert whole.registers > staged.registers
+    src = c.render()
+    assert "a_sh + m * kper + a_slot(kk)" in src and "dot_staged(dec, w, a_sh" in src
+    h200 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
+    plan = MatmulPlan(c, 1, 8192, 8192, 64, 256, h200, device="cpu")
+    assert (plan.smem, plan.block, plan.grid) == (64 * 1024 + 8192 * 2, 512, (128, 1, 1))
+    with pytest.raises(InvalidConfig, match="SIMT path only"):
+        MM.config(mma="mma-ks", rows_per_warp=16, mtile=8, scale="block", load_bytes=8, warps=16, m=1)
+    with pytest.raises(InvalidConfig, match="SIMT path only"):
+        MM.config(mma="mma", rows_per_warp=16, mtile=8, scale="value", warps=16, m=8)

@@ -181,12 +181,6 @@ def rounded_codes(config) -> bool:
     return config.mma != "simt" or config.lut in PAIR16_LUTS
 
 
-def _regcap_path(mma, lut, regcap):
-    if regcap and (mma != "simt" or lut not in ("shared", "pairx")):
-        return "regcap is a knob of the SIMT path with lut shared or pairx"
-    return None
-
-
 def _warps_path(mma, warps):
     if warps > 8 and mma != "simt":
         return f"{warps} warps per CTA: the SIMT path only"
@@ -450,9 +444,6 @@ class MatmulFamily(Family):
              help="plain loads of W, or streaming (ld.global.nc.L1::no_allocate)"),
         Knob("prefetch", (0, 1), "source", "NF4T_PREFETCH", label="pf{}",
              help="SIMT and mma-ks: load the next step's W and statistics before computing the current one"),
-        Knob("regcap", (0, 64, 80), "source", "NF4T_REGCAP", label="R{}",
-             help="SIMT with lut shared or pairx: 0 the compiler's register count, or at most 64 / 80 "
-                  "registers per thread (__maxnreg__), for 32 / 24 warps per SM"),
         Knob("unroll", (1, 2, 4), "source", "NF4T_UNROLL", label="u{}",
              help="mma-ks: windows of K whose loads are all issued before the first is used"),
         Knob("persist", (0, 1), "source", "NF4T_PERSIST", label="p{}",
@@ -477,7 +468,6 @@ class MatmulFamily(Family):
         Constraint(("mma", "mtile", "m"), _tile_fits_batch),
         Constraint(("mma", "prefetch"), _prefetch_simt),
         Constraint(("mma", "warps"), _warps_path),
-        Constraint(("mma", "lut", "regcap"), _regcap_path),
         Constraint(("mma", "lut", "dtype"), _lut_path),
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "warps", "astage", "unroll", "persist",
                     "prefetch", "stages", "feed", "stats"), _ks_shape),
@@ -487,7 +477,7 @@ class MatmulFamily(Family):
         "simt: rows_per_warp <= 32, mtile <= 8, mtile*2*load_bytes <= 64 registers of A, "
         "rows_per_warp*load_bytes <= 128 bytes in flight, mtile*rows_per_warp <= 32 accumulators",
         "simt: mtile <= the batch bucket m; mma, mma-ks: mtile 8 when m <= 8",
-        "warps 16: simt only; regcap: simt with lut shared or pairx",
+        "warps 16: simt only",
         "mma-ks: rows_per_warp 16/32 (rows per CTA), mtile 8/16, scale block, A global, dtype bf16/fp16, "
         "warps*rows*mtile <= 2048, loads in flight <= 128 registers, the ring (stages) <= 160 KiB and without "
         "prefetch; the bulk feed with stages; stats tile not with the bulk feed; unroll, persist, stages, feed, "
@@ -496,7 +486,7 @@ class MatmulFamily(Family):
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
-                    astage="global", scale="block", wload="stream", prefetch=0, regcap=0, unroll=1, persist=0, stages=0, feed="lanes", stats="lanes",
+                    astage="global", scale="block", wload="stream", prefetch=0, unroll=1, persist=0, stages=0, feed="lanes", stats="lanes",
                     dtype="bf16",
                     quant="nf4", m=1)
     presets = {
@@ -505,7 +495,7 @@ class MatmulFamily(Family):
                          astage="global", scale="value", wload="plain", prefetch=0),
     }
     refine_order = ("ksplit", "warps", "rows_per_warp", "prefetch", "wload", "scale", "load_bytes", "mtile", "mma",
-                    "lut", "astage", "regcap", "unroll", "persist", "stages",
+                    "lut", "astage", "unroll", "persist", "stages",
                     "feed", "stats")
     peer_label = REF_BNB_MATMUL
     ceiling_label = REF_READ
