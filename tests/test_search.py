@@ -297,7 +297,7 @@ def test_a_config_another_worker_is_measuring_is_waited_for_not_measured_twice(t
     import optuna
     from optuna.trial import TrialState
 
-    from tuner.tune.search import _storage, _wait_for_twin
+    from tuner.tune.search import _storage, _wait_for_twin, fail_stale_trials
 
     monkeypatch.setenv("NF4TUNE_HEARTBEAT_S", "1")
     monkeypatch.setenv("NF4TUNE_GRACE_S", "2")
@@ -344,15 +344,24 @@ def test_a_config_another_worker_is_measuring_is_waited_for_not_measured_twice(t
     threading.Timer(0.3, lambda: storage.set_trial_state_values(high._trial_id, TrialState.FAIL)).start()
     assert _wait_for_twin(study, low.number, 2) == high.number
 
-    # a worker that died between its ask and its first heartbeat left a trial no one can fail as
-    # stale: it is waited for while young (its worker may be about to claim it), then passed over
+    # a worker that died between its ask and its first heartbeat left a trial with no heartbeat to
+    # age: it is waited for while young (its worker may be about to claim it), then passed over
     unclaimed = study.ask(dist)
+    asked = time.perf_counter()
     assert unclaimed.params["x"] == 5
     twin = take()
     t0 = time.perf_counter()
     assert _wait_for_twin(study, twin.number, 1.0) == unclaimed.number
     assert 0.5 <= time.perf_counter() - t0 < 5
     assert study.get_trials(deepcopy=False)[unclaimed.number].state == TrialState.RUNNING
+    # ... and once it is older than the grace period it is failed as stale, as a dead worker's
+    # trial with a heartbeat is; a trial just asked (its worker about to claim it) is left alone
+    young = study.ask(dist)
+    assert young.number not in fail_stale_trials(study, 2.0)
+    time.sleep(max(0.0, 2.1 - (time.perf_counter() - asked)))
+    assert unclaimed.number in fail_stale_trials(study, 2.0)
+    states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+    assert states[unclaimed.number] == TrialState.FAIL and states[young.number] == TrialState.RUNNING
 
 
 def test_workers_popping_queued_trials_at_once_never_take_the_same_one(db_url):

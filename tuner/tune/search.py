@@ -218,12 +218,10 @@ def _wait_for_twin(study, number: int, grace_s: float, poll_s: float = 0.02, max
     ``max_poll_s`` (every read of an SQLite study takes its write lock, which the measuring twin's
     worker needs too), and stale trials are looked for every ``stale_every_s`` (a heartbeat can
     only age by that much in between)."""
-    from datetime import datetime
-
     from optuna.trial import TrialState
 
     def alive(t) -> bool:
-        return "config" in t.user_attrs or (datetime.now() - t.datetime_start).total_seconds() < grace_s
+        return not _never_claimed(t, grace_s)
 
     twin, last_stale = None, time.monotonic()
     while True:
@@ -244,17 +242,37 @@ def _wait_for_twin(study, number: int, grace_s: float, poll_s: float = 0.02, max
             last_stale = time.monotonic()
 
 
-def fail_stale_trials(study) -> list[int]:
-    """Mark FAIL the RUNNING trials whose worker stopped beating (killed, crashed) longer than the
-    grace period ago; the numbers of the trials this call failed."""
+def _never_claimed(trial, grace_s: float) -> bool:
+    """A RUNNING trial no worker claimed (the ``config`` attribute, which a live worker sets right
+    after the trial's first heartbeat) within ``grace_s`` of its start: its worker died between the
+    ask and the first heartbeat, so it has no heartbeat to age."""
+    from datetime import datetime
+
+    return "config" not in trial.user_attrs and (datetime.now() - trial.datetime_start).total_seconds() >= grace_s
+
+
+def fail_stale_trials(study, grace_s: Optional[float] = None) -> list[int]:
+    """Mark FAIL the RUNNING trials of dead workers: those whose worker stopped beating (killed,
+    crashed) longer than the grace period ago (optuna's heartbeat check), and those never claimed
+    within the grace period of their start (:func:`_never_claimed`). ``grace_s``: the storage's
+    grace period when not given. The numbers of the trials this call failed."""
     import optuna
     from optuna.trial import TrialState
 
     running = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
     if not running:
         return []
+    storage = study._storage
+    if grace_s is None:
+        grace_s = getattr(storage, "grace_period", None) or GRACE_S
     try:
         optuna.storages.fail_stale_trials(study)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if _never_claimed(t, grace_s):
+                try:
+                    storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                except (optuna.exceptions.UpdateFinishedTrialError, ValueError):
+                    pass    # finished meanwhile (its worker was alive after all)
     except Exception:       # the storage is busy: the next call tries again
         return []
     # a trial a live worker finished meanwhile carries its "status"; a stale one never got one
