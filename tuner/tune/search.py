@@ -254,17 +254,18 @@ def _never_claimed(trial, grace_s: float) -> bool:
 def fail_stale_trials(study, grace_s: Optional[float] = None) -> list[int]:
     """Mark FAIL the RUNNING trials of dead workers: those whose worker stopped beating (killed,
     crashed) longer than the grace period ago (optuna's heartbeat check), and those never claimed
-    within the grace period of their start (:func:`_never_claimed`). ``grace_s``: the storage's
-    grace period when not given. The numbers of the trials this call failed."""
+    within the grace period of their start (:func:`_never_claimed`). ``grace_s``: the grace period
+    the storage was made with (:func:`heartbeat_settings`) when not given. The numbers of the trials
+    this call failed."""
     import optuna
     from optuna.trial import TrialState
 
     running = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
     if not running:
         return []
-    storage = study._storage
+    storage = study._storage        # optuna's cache in front of the RDB storage: no grace period of its own
     if grace_s is None:
-        grace_s = getattr(storage, "grace_period", None) or GRACE_S
+        grace_s = heartbeat_settings()[1]
     try:
         optuna.storages.fail_stale_trials(study)
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
