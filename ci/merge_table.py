@@ -12,21 +12,28 @@ import os
 import sys
 import tempfile
 
+sys.path.insert(0, __file__.rsplit("/ci/", 1)[0])
 
-def key(e: dict) -> tuple:
-    return (e.get("gpu"), e.get("family", "dequant"), tuple(e["shape"]), e["dtype"], e["quant"], e["blocksize"],
-            e.get("m"))
+from tuner.serve.table import TABLE_FORMAT, ConfigTable  # noqa: E402
+
+
+def _keys(table: dict, origin: str) -> list:
+    """The (GPU model, problem) of each entry, parsed as the runtime parses a table (ValueError for a
+    bad entry)."""
+    if table.get("format") not in (1, TABLE_FORMAT) or not isinstance(table.get("entries"), list):
+        raise ValueError(f"{origin} is not a table written by `nf4-tune export` (format 1 or {TABLE_FORMAT})")
+    return [(e.gpu, e.problem) for e in ConfigTable(table["entries"], origin).entries]
 
 
 def merge(base: dict, new: dict) -> tuple:
     """(merged table, entries replaced, entries added)"""
     if base.get("format") != new.get("format"):
         raise ValueError(f"table formats differ: {base.get('format')!r} against {new.get('format')!r}")
-    fresh = {key(e): e for e in new["entries"]}
+    fresh = dict(zip(_keys(new, "the new table"), new["entries"]))
     entries, replaced = [], 0
-    for e in base["entries"]:
-        if key(e) in fresh:
-            entries.append(fresh.pop(key(e)))
+    for k, e in zip(_keys(base, "the base table"), base["entries"]):
+        if k in fresh:
+            entries.append(fresh.pop(k))
             replaced += 1
         else:
             entries.append(e)
