@@ -445,15 +445,13 @@ function check(extra){var b=document.body,charts=document.querySelectorAll('.cha
  var missing=[];Array.prototype.forEach.call(document.querySelectorAll('a[href^="#"]'),function(a){
   var id=decodeURIComponent(a.getAttribute('href').slice(1));if(id&&!document.getElementById(id))missing.push(id);});
  b.dataset.brokenLinks=JSON.stringify(missing);for(var k in extra)b.dataset[k]=extra[k];
- // the paint observer's callback is a low-priority task that a long drawing run can hold back: the
- // first contentful paint is read from the timeline itself when the callback has not run yet
- if(!b.dataset.firstPaintMs&&performance.getEntriesByName){var fcp=performance.getEntriesByName('first-contentful-paint')[0];
-  if(fcp)b.dataset.firstPaintMs=Math.round(fcp.startTime);}
+ // the first contentful paint, read from the timeline (a paint observer's callback is a low-priority
+ // task that a long drawing run can hold back past this check)
+ var fcp=performance.getEntriesByName&&performance.getEntriesByName('first-contentful-paint')[0];
+ if(fcp)b.dataset.firstPaintMs=Math.round(fcp.startTime);
  b.dataset.errors=JSON.stringify(window.__nf4tuneErrors);b.dataset.dialogs=JSON.stringify(window.__nf4tuneDialogs);
  b.dataset.checked='1';}
 function fail(e){window.__nf4tuneErrors.push('render: '+e);check({});}
-try{new PerformanceObserver(function(l){l.getEntries().forEach(function(e){if(e.name==='first-contentful-paint')
- document.body.dataset.firstPaintMs=Math.round(e.startTime);});}).observe({type:'paint',buffered:true});}catch(e){}
 // a permalink opens on its target: scroll there before choosing what to draw first
 var target=location.hash.length>1&&document.getElementById(decodeURIComponent(location.hash.slice(1)));
 if(target)target.scrollIntoView();
