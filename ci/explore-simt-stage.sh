@@ -5,14 +5,19 @@
 # lines), 64 (pairx) or 128 (shared) for the code lookups. Lane-major A takes 16; 16-warp CTAs share one
 # 64 KiB pair table. (Session 8 also screened a register cap, __maxnreg__ 64 / 80: it tied or lost at every
 # shape and was removed; examples/h200/matmul/simt-s8.)
-# Usage: bash ci/explore-simt-stage.sh [PROBLEMS...]
+# Session 9 adds lut pairf (the float pair table with 256-byte rows: a permute, an 8-byte load and two FMAs
+# per packed byte, against pairx's permute, load, two widening instructions and two FMAs) and screens it
+# beside pairx and pair with A staged: LUTS=pairx,pairf,pair ASTAGES=shared WARPS=8,16 KSPLITS=1,2.
+# Usage: [LUTS=..] [ASTAGES=..] [WARPS=..] [RPWS=..] [KSPLITS=..] bash ci/explore-simt-stage.sh [PROBLEMS...]
+# (the defaults are session 8's sweep)
 set -uo pipefail
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/.devsite:$PWD PYTHONUNBUFFERED=1
 export NF4TUNE_CACHE=${NF4TUNE_CACHE:-/tmp/nf4tune-cache}
 s=""
-for k in mma=simt lut=shared,pairx load_bytes=16 rows_per_warp=4,8 mtile=1 warps=2,8,16 prefetch=0,1 \
-         scale=block astage=global,shared wload=stream ksplit=1 m=1 dtype=bf16 quant=nf4; do
+for k in mma=simt lut=${LUTS:-shared,pairx} load_bytes=16 rows_per_warp=${RPWS:-4,8} mtile=1 warps=${WARPS:-2,8,16} \
+         prefetch=0,1 scale=block astage=${ASTAGES:-global,shared} wload=stream ksplit=${KSPLITS:-1} m=1 dtype=bf16 \
+         quant=nf4; do
   s="$s --sweep $k"
 done
 python3 -m tuner.cli compile --family matmul $s --quiet 2>&1 | tail -1

@@ -46,6 +46,14 @@
 //                128-byte rows of pair need a shift, a mask-and-merge and an add first; SIMT's float
 //                pairs of lut 2 take an 8-byte load per byte, lut 0 a 4-byte load per value). SIMT
 //                turns each pair into two floats (the codes rounded to the activation dtype).
+//                5 pairf (SIMT only; any activation dtype): pairx's geometry with float pairs, a 256-entry
+//                table of (code[hi], code[lo]) as two fp32 values per lane in 256-byte rows (32 lanes x
+//                8 bytes, 64 KiB of dynamic shared memory, every byte used). A lookup's offset,
+//                byte << 8 | lane << 3, is one byte permute as in pairx, and its 8-byte load gives the two
+//                exact codes ready for the FMAs: per packed byte a permute, a load and two FMAs (pairx adds
+//                two instructions to widen its 16-bit pair; lut 2's 128-byte rows need a shift-and-add).
+//                The 16 lanes of a load phase read 16 distinct bank pairs; a lookup is two wavefronts.
+//                The products are lut 0's, in the same order: the same sums bit for bit.
 //   NF4T_ASTAGE  0 global: each warp reads its run of A per k-iteration from global memory (L1
 //                and L2 hits: A is small and every CTA reads it); 1 shared: the CTA copies its
 //                K slice of A x MTILE into shared memory once (dynamic shared memory). SIMT stages
@@ -160,6 +168,11 @@ __shared__ __align__(16) u32 nf4t_pairs16[256 * 32];   // [byte][lane]: operand-
 // NF4T_DYN_TABLE bytes of the dynamic shared memory
 #define nf4t_pairs16 (reinterpret_cast<u32*>(nf4t_dyn))
 #define NF4T_DYN_TABLE (256 * 64 * 4)
+#elif NF4T_LUT == 5
+// [byte][lane]: the float pair per lane, 256-byte rows, the first NF4T_DYN_TABLE bytes of the dynamic
+// shared memory (64 KiB exceed static shared memory)
+#define nf4t_pairsf (reinterpret_cast<float2*>(nf4t_dyn))
+#define NF4T_DYN_TABLE (256 * 32 * 8)
 #elif NF4T_LUT == 2
 __shared__ __align__(16) float2 nf4t_pairs[256 * 16];
 #endif
@@ -215,6 +228,13 @@ __device__ __forceinline__ void setup_tables() {
         const u32 e = i >> 3;
         const u32 p = pack_pair(lut_select(e >> 4), lut_select(e & 15u));
         *reinterpret_cast<uint4*>(nf4t_pairs16 + e * (NF4T_LUT == 4 ? 64 : 32) + (i & 7) * 4) = make_uint4(p, p, p, p);
+    }
+#elif NF4T_LUT == 5
+    // the float pair table: 256 pairs, each written to its 32 lane copies, two per 16-byte store
+    for (u32 i = threadIdx.x; i < 256 * 16; i += blockDim.x) {
+        const u32 e = i >> 4;
+        const float first = lut_select(e >> 4), second = lut_select(e & 15u);
+        *reinterpret_cast<float4*>(nf4t_pairsf + e * 32 + (i & 15u) * 2) = make_float4(first, second, first, second);
     }
 #elif NF4T_LUT == 2
     for (u32 i = threadIdx.x; i < 256 * 16; i += blockDim.x) {
@@ -363,6 +383,12 @@ struct Decoder {
         second = lut_select(byte & 15u);
 #elif NF4T_LUT == 3 || NF4T_LUT == 4
         unpack2(pair16(w, j, lane_off), first, second);   // the codes rounded to the 16-bit dtype
+#elif NF4T_LUT == 5
+        u32 off;                              // byte 0: lane_off, byte 1: byte j of w, bytes 2-3: zeros
+        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(off) : "r"(w), "r"(lane_off), "r"(0x5504u | ((u32)(j & 3) << 4)));
+        const float2 v = *reinterpret_cast<const float2*>(reinterpret_cast<const char*>(nf4t_pairsf) + off);
+        first = v.x;
+        second = v.y;
 #elif NF4T_MMA != 2
         const float2 v = *reinterpret_cast<const float2*>(
             reinterpret_cast<const char*>(nf4t_pairs) + ((byte_at(w, j) << 7) + lane_off));
@@ -376,6 +402,8 @@ __device__ __forceinline__ Decoder make_decoder() {
     Decoder d;
 #if NF4T_LUT == 4
     d.lane_off = (threadIdx.x & 31u) << 2;     // word lane of each 256-byte row
+#elif NF4T_LUT == 5
+    d.lane_off = (threadIdx.x & 31u) << 3;     // float2 lane of each 256-byte row
 #else
     d.lane_off = (threadIdx.x & 15u) << 3;     // float2 lane & 15 of each 128-byte row
 #endif
@@ -678,7 +706,7 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     if (code2 != nullptr)
         for (u32 i = threadIdx.x; i < 256; i += blockDim.x) nf4t_code2[i] = __ldg(code2 + i);
 #if NF4T_ASTAGE == 1
-    // [MTILE][kper] lane-major (a_slot), after lut pairx's table; kper is a multiple of the warp step
+    // [MTILE][kper] lane-major (a_slot), after lut pairx's / pairf's table; kper is a multiple of the warp step
     act_t* a_sh = reinterpret_cast<act_t*>(nf4t_dyn + NF4T_DYN_TABLE);
     if (k_begin < k_end) {
         const u32 len = k_end - k_begin;                  // a multiple of 32 values

@@ -442,6 +442,43 @@ def test_simt_with_the_16_bit_pair_decodes(compile_cache):
     assert "a_sh = reinterpret_cast<act_t*>(nf4t_dyn + NF4T_DYN_TABLE)" in src
 
 
+def test_simt_with_the_float_pair_table(compile_cache):
+    """lut pairf (SIMT, every dtype): the exact codes, two per 8-byte lookup, so the bound is lut shared's
+    (no operand rounding); a lookup's offset is one byte permute of the packed word and the lane's offset,
+    byte << 8 | lane << 3, the lane's float pair in a 256-byte row; the 64 KiB table is dynamic shared
+    memory before A's stage and needs the opt-in; it compiles for sm_90 without spills, r4 with A staged
+    in 64 registers (two 16-warp CTAs per SM); the tensor-core paths refuse it."""
+    from tuner.families.matmul import rounded_codes
+    from tuner.kernel.compiler import compile_config
+
+    simt = dict(load_bytes=16, rows_per_warp=4, warps=16, mtile=1, m=1, astage="shared")
+    S = torch.ones(1, 4, dtype=torch.float64)
+    y = torch.zeros(1, 4, dtype=torch.float64)
+    for dtype in ("bf16", "fp16", "fp32"):
+        c = MM.config(**simt, lut="pairf", dtype=dtype)
+        assert not rounded_codes(c)
+        assert torch.equal(error_bound(c, 4096, S, y), error_bound(c.replace(lut="shared"), 4096, S, y))
+        k = compile_config(c, "sm_90", cache_dir=compile_cache)
+        assert k.registers <= 64 and not k.spill_stores, (dtype, k.registers)
+    src = MM.config(**simt, lut="pairf").render()
+    assert "0x5504u | ((u32)(j & 3) << 4)" in src and "#define NF4T_DYN_TABLE (256 * 32 * 8)" in src
+    rng = random.Random(11)
+    for lane in range(32):
+        for _ in range(50):
+            w = rng.getrandbits(32)
+            for j in range(4):
+                assert _prmt(w, lane << 3, 0x5504 | (j << 4)) == (((w >> (8 * j)) & 0xFF) << 8) | (lane << 3)
+    with pytest.raises(InvalidConfig, match="SIMT path only"):
+        MM.config(mma="mma-ks", rows_per_warp=32, mtile=8, scale="block", load_bytes=8, warps=8, lut="pairf", m=1)
+    with pytest.raises(InvalidConfig, match="SIMT path only"):
+        MM.config(mma="mma", rows_per_warp=16, mtile=8, scale="value", lut="pairf", m=8)
+    h200 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
+    plan = MatmulPlan(MM.config(**simt, lut="pairf"), 1, 8192, 8192, 64, 256, h200, device="cpu")
+    assert (plan.smem, plan.block) == (64 * 1024 + 8192 * 2, 512)
+    with pytest.raises(UnsupportedInput, match="dynamic shared memory"):
+        MatmulPlan(MM.config(**dict(simt, astage="global"), lut="pairf"), 1, 4096, 4096, 64, 256, LIMITS, device="cpu")
+
+
 def test_simt_a_staged_lane_major_and_16_warp_ctas(compile_cache):
     """SIMT with A staged in shared memory stages it lane-major and reads it chunk by chunk, so only one
     chunk of A is live: r4 with the pair table fits 64 registers without spills (two 16-warp CTAs, 32

@@ -106,6 +106,11 @@ CONFIGS = [
     # fp32), 16-warp CTAs, the pair table before the stage, split-K with a partial last step, the batch tile
     (1, dict(load_bytes=16, rows_per_warp=4, mtile=1, warps=16, ksplit=1, lut="pairx", astage="shared", prefetch=1)),
     (2, dict(load_bytes=16, rows_per_warp=4, mtile=2, warps=16, ksplit=2, astage="shared")),
+    # SIMT with the float pair table (pairf, 64 KiB of dynamic shared memory, every dtype): before A's
+    # lane-major stage with 16-warp CTAs and the prefetch; with A read per step, every value scaled,
+    # 8-byte loads, the batch tile and split-K
+    (1, dict(load_bytes=16, rows_per_warp=4, mtile=1, warps=16, ksplit=1, lut="pairf", astage="shared", prefetch=1)),
+    (2, dict(load_bytes=8, rows_per_warp=8, mtile=2, warps=4, ksplit=2, lut="pairf", scale="value")),
 ]
 
 
@@ -129,7 +134,8 @@ def test_large_k_and_the_five_target_shapes(seed):
         for m, knobs in ((1, CONFIGS[0][1]), (16, dict(CONFIGS[7][1], astage="global")), (1, CONFIGS[13][1]),
                          (1, CONFIGS[19][1]), (1, CONFIGS[21][1]), (1, CONFIGS[25][1]), (1, CONFIGS[26][1]),
                          (16, CONFIGS[28][1]), (1, CONFIGS[29][1]), (16, CONFIGS[30][1]), (2, CONFIGS[31][1]),
-                         (1, CONFIGS[32][1]), (1, CONFIGS[33][1]), (1, CONFIGS[34][1]), (2, CONFIGS[35][1])):
+                         (1, CONFIGS[32][1]), (1, CONFIGS[33][1]), (1, CONFIGS[34][1]), (2, CONFIGS[35][1]),
+                         (1, CONFIGS[36][1]), (2, CONFIGS[37][1])):
             c = MM.config(**knobs, dtype="bf16", quant="nf4", m=m)
             r = check_config(c, P(n, k, m), seed=seed)
             assert r.ok, f"{c.short()} {n}x{k}: {r.reason}"
@@ -153,7 +159,8 @@ def test_plain_absmax(seed):
     for knobs in (CONFIGS[3][1], dict(CONFIGS[6][1], mtile=8), CONFIGS[9][1], CONFIGS[10][1], CONFIGS[13][1],
                   CONFIGS[14][1], CONFIGS[17][1], dict(CONFIGS[18][1], mtile=8), CONFIGS[19][1], CONFIGS[20][1],
                   CONFIGS[23][1], CONFIGS[25][1], CONFIGS[26][1], dict(CONFIGS[28][1], mtile=8), CONFIGS[29][1],
-                  dict(CONFIGS[30][1], mtile=8), CONFIGS[31][1], CONFIGS[32][1], CONFIGS[33][1]):
+                  dict(CONFIGS[30][1], mtile=8), CONFIGS[31][1], CONFIGS[32][1], CONFIGS[33][1], CONFIGS[36][1],
+                  CONFIGS[37][1]):
         c = MM.config(**knobs, m=8 if knobs.get("mma") == "mma" else 2)
         out = MM.new_output(plain)
         bind(load_kernel(c), plain, out)()
@@ -187,6 +194,28 @@ def test_the_scale_table_with_large_blocks_and_slices_inside_a_block(seed):
         bind(load_kernel(c), plain, out)()
         torch.cuda.synchronize()
         assert MM.compare(out, want, plain, c) is None, c.short()
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_the_float_pair_table_sums_as_the_16_entry_table_bit_for_bit(seed, dtype):
+    """lut pairf looks up both exact codes of a packed byte at once; the products and their order are
+    lut shared's, so without split-K (whose atomics add in any order) the outputs are equal bit for bit,
+    at odd N, M not a multiple of the tile and K up to 8192."""
+    from tuner.kernel.launch import bind, load_kernel
+
+    for n, k, m in ((1000, 2048, 3), (4099, 8192, 1)):
+        prob = P(n, k, m, dtype)
+        inputs = MM.make_inputs(prob, prob.shape, seed)
+        for knobs in (CONFIGS[36][1], dict(CONFIGS[37][1], ksplit=1)):
+            outs = []
+            for lut in ("pairf", "shared"):
+                c = MM.config(**dict(knobs, lut=lut), dtype=dtype, m=4)
+                out = MM.new_output(inputs)
+                bind(load_kernel(c), inputs, out)()
+                torch.cuda.synchronize()
+                assert not out.isnan().any(), c.short()
+                outs.append(out)
+            assert torch.equal(outs[0], outs[1]), f"{c.short()} {n}x{k} m{m}"
 
 
 def _wrong(config, old, new):

@@ -37,8 +37,10 @@ MAX_WEIGHT = 2**31 - 1
 READ_BYTES = 512 << 20
 #: the LUTs that decode to 16-bit operand pairs (codes rounded to the activation dtype)
 PAIR16_LUTS = ("prmt", "pairx")
-#: lut pairx's table in dynamic shared memory: 256 entries x 256-byte rows (the template's NF4T_DYN_TABLE)
-PAIRX_TABLE_BYTES = 256 * 64 * 4
+#: the LUTs whose table lies in dynamic shared memory: 256 entries x 256-byte rows (the template's
+#: NF4T_DYN_TABLE), 64 KiB, which needs the shared-memory opt-in
+DYN_TABLE_LUTS = ("pairx", "pairf")
+DYN_TABLE_BYTES = 256 * 256
 
 
 def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
@@ -172,6 +174,8 @@ def _lut_path(mma, lut, dtype):
     if lut in PAIR16_LUTS and (mma == "mma" or dtype == "fp32"):
         return (f"lut {lut} decodes to 16-bit operand pairs: the K-split tensor-core path and SIMT, with bf16 or "
                 "fp16 activations")
+    if lut == "pairf" and mma != "simt":
+        return "lut pairf decodes to float pairs for the FMAs: the SIMT path only"
     return None
 
 
@@ -281,8 +285,8 @@ class MatmulPlan:
         tiles = -(-N // rows_per_cta)
         mtiles = -(-M // c.mtile)
         act_bytes = OUT_BYTES[c.dtype]
-        # lut pairx's table comes first in the dynamic shared memory, on every path that takes it
-        lut_table = PAIRX_TABLE_BYTES if c.lut == "pairx" else 0
+        # lut pairx's / pairf's table comes first in the dynamic shared memory, on every path that takes it
+        lut_table = DYN_TABLE_BYTES if c.lut in DYN_TABLE_LUTS else 0
         if c.mma == "mma-ks":
             # the warps' partial sums, then the ring
             if c.feed == "bulk":
@@ -430,12 +434,13 @@ class MatmulFamily(Family):
              help="warps per CTA (16: SIMT only, one pair table and one stage of A for more warps)"),
         Knob("ksplit", (1, 2, 4, 8, 16), "launch", label="k/{}",
              help="split-K: slices of K over CTAs, summed by fp32 atomics, the last CTA finishing the tile"),
-        Knob("lut", ("shared", "register", "pair", "prmt", "pairx"), "source", "NF4T_LUT",
+        Knob("lut", ("shared", "register", "pair", "prmt", "pairx", "pairf"), "source", "NF4T_LUT",
              help="the 16-entry code in shared memory, a select tree in registers, a 256-entry table of "
                   "code pairs (one lookup per byte), replicated per lane phase (32 KiB), or (bf16/fp16, mma-ks "
                   "and SIMT) the codes as 16-bit byte tables in registers, four nibbles per byte permute (no "
                   "memory), or the 16-bit pair table with 256-byte rows (64 KiB): a lookup's offset is one byte "
-                  "permute"),
+                  "permute; pairf (SIMT): the float pair table with 256-byte rows (64 KiB), a permute and an "
+                  "8-byte load per packed byte, the exact codes"),
         Knob("astage", ("global", "shared"), "source", "NF4T_ASTAGE", label="A:{}",
              help="A read per step from global memory (L1/L2), or staged once per CTA in shared memory"),
         Knob("scale", ("value", "block"), "source", "NF4T_SCALE", label="s:{}",
@@ -483,6 +488,7 @@ class MatmulFamily(Family):
         "prefetch; the bulk feed with stages; stats tile not with the bulk feed; unroll, persist, stages, feed, "
         "stats only here",
         "lut prmt/pairx: mma-ks or simt, bf16/fp16 (16-bit code pairs; simt's pairx table needs the shared-memory opt-in)",
+        "lut pairf: simt only (float pairs; its table needs the shared-memory opt-in)",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
