@@ -111,6 +111,10 @@ CONFIGS = [
     # 8-byte loads, the batch tile and split-K
     (1, dict(load_bytes=16, rows_per_warp=4, mtile=1, warps=16, ksplit=1, lut="pairf", astage="shared", prefetch=1)),
     (2, dict(load_bytes=8, rows_per_warp=8, mtile=2, warps=4, ksplit=2, lut="pairf", scale="value")),
+    # SIMT CTAs of 12 and 14 warps (not a power of two): rows per CTA 56 and 48 against odd N, split-K
+    # with A staged, the batch tile
+    (1, dict(load_bytes=16, rows_per_warp=4, mtile=1, warps=14, ksplit=2, lut="pairx", astage="shared")),
+    (2, dict(load_bytes=8, rows_per_warp=2, mtile=2, warps=12, ksplit=1, lut="shared")),
 ]
 
 
@@ -135,7 +139,7 @@ def test_large_k_and_the_five_target_shapes(seed):
                          (1, CONFIGS[19][1]), (1, CONFIGS[21][1]), (1, CONFIGS[25][1]), (1, CONFIGS[26][1]),
                          (16, CONFIGS[28][1]), (1, CONFIGS[29][1]), (16, CONFIGS[30][1]), (2, CONFIGS[31][1]),
                          (1, CONFIGS[32][1]), (1, CONFIGS[33][1]), (1, CONFIGS[34][1]), (2, CONFIGS[35][1]),
-                         (1, CONFIGS[36][1]), (2, CONFIGS[37][1])):
+                         (1, CONFIGS[36][1]), (2, CONFIGS[37][1]), (1, CONFIGS[38][1]), (2, CONFIGS[39][1])):
             c = MM.config(**knobs, dtype="bf16", quant="nf4", m=m)
             r = check_config(c, P(n, k, m), seed=seed)
             assert r.ok, f"{c.short()} {n}x{k}: {r.reason}"

@@ -430,8 +430,9 @@ class MatmulFamily(Family):
         Knob("rows_per_warp", (1, 2, 4, 8, 16, 32, 64), "source", "NF4T_RPW", label="r{}",
              help="rows of W per warp (SIMT: loads in flight; MMA: m16 tiles), all reusing one load of A"),
         Knob("mtile", (1, 2, 4, 8, 16), "source", "NF4T_MTILE", label="m{}", help="rows of A per CTA"),
-        Knob("warps", (1, 2, 4, 8, 16), "launch", label="w{}",
-             help="warps per CTA (16: SIMT only, one pair table and one stage of A for more warps)"),
+        Knob("warps", (1, 2, 4, 8, 12, 14, 16), "launch", label="w{}",
+             help="warps per CTA (12, 14, 16: SIMT only, one pair table and one stage of A for more warps; 12 and 14 "
+                  "change how many rows a wave of resident CTAs covers, and so the last wave's fill)"),
         Knob("ksplit", (1, 2, 4, 8, 16), "launch", label="k/{}",
              help="split-K: slices of K over CTAs, summed by fp32 atomics, the last CTA finishing the tile"),
         Knob("lut", ("shared", "register", "pair", "prmt", "pairx", "pairf"), "source", "NF4T_LUT",
@@ -482,7 +483,7 @@ class MatmulFamily(Family):
         "simt: rows_per_warp <= 32, mtile <= 8, mtile*2*load_bytes <= 64 registers of A, "
         "rows_per_warp*load_bytes <= 128 bytes in flight, mtile*rows_per_warp <= 32 accumulators",
         "simt: mtile <= the batch bucket m; mma, mma-ks: mtile 8 when m <= 8",
-        "warps 16: simt only",
+        "warps 12, 14, 16: simt only",
         "mma-ks: rows_per_warp 16/32 (rows per CTA), mtile 8/16, scale block, A global, dtype bf16/fp16, "
         "warps*rows*mtile <= 2048, loads in flight <= 128 registers, the ring (stages) <= 160 KiB and without "
         "prefetch; the bulk feed with stages; stats tile not with the bulk feed; unroll, persist, stages, feed, "
