@@ -42,7 +42,12 @@ A6='{"load_bytes":16,"rows_per_warp":4,"warps":8,"ksplit":2,"lut":"pairx","astag
 A7='{"load_bytes":16,"rows_per_warp":4,"warps":8,"ksplit":4,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
 A8='{"load_bytes":16,"rows_per_warp":4,"warps":16,"ksplit":2,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
 A9='{"load_bytes":16,"rows_per_warp":2,"warps":8,"ksplit":2,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
-export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5|$P1|$P2|$A1|$A2|$A3|$A4|$A5|$A6|$A7|$A8|$A9"
+# ... CTAs of 14 and 12 warps (session 9, examples/h200/matmul/simt-s9): with 2 CTAs of 14 warps per SM a
+# wave covers 14784 rows, so 28672 rows take 1.94 waves (1.70 of 16-warp CTAs: the second wave 70% full)
+A10='{"load_bytes":16,"rows_per_warp":4,"warps":14,"ksplit":1,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
+A11='{"load_bytes":16,"rows_per_warp":4,"warps":14,"ksplit":2,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
+A12='{"load_bytes":16,"rows_per_warp":4,"warps":12,"ksplit":4,"lut":"shared","astage":"shared","scale":"block","wload":"stream"}'
+export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5|$P1|$P2|$A1|$A2|$A3|$A4|$A5|$A6|$A7|$A8|$A9|$A10|$A11|$A12"
 export MM_CANDIDATES_8="$K1|$K2|$K3|$K4"
 export MM_CANDIDATES_16="$L1|$L2|$L3|$M16"
 export MM_CANDIDATES_32="$L1|$L2|$L3|$M16"
