@@ -54,6 +54,12 @@
 //                two instructions to widen its 16-bit pair; lut 2's 128-byte rows need a shift-and-add).
 //                The 16 lanes of a load phase read 16 distinct bank pairs; a lookup is two wavefronts.
 //                The products are lut 0's, in the same order: the same sums bit for bit.
+//                6 pairmix (SIMT only; 16-bit activations): pairf and pairx in one 64 KiB table and both
+//                used: each 256-byte row holds the float pairs of lanes 0-15 (bytes 0-127; a lane reads its
+//                lane & 15 copy) and the 16-bit pairs of the 32 lanes (bytes 128-255), so either lookup's
+//                offset is one byte permute. Even rows of a warp decode through the float pairs (fewer
+//                instructions, two wavefronts a lookup), odd rows through the 16-bit pairs (two more
+//                instructions, one wavefront): between pairx (issue-bound) and pairf (L1-bound).
 //   NF4T_ASTAGE  0 global: each warp reads its run of A per k-iteration from global memory (L1
 //                and L2 hits: A is small and every CTA reads it); 1 shared: the CTA copies its
 //                K slice of A x MTILE into shared memory once (dynamic shared memory). SIMT stages
@@ -173,6 +179,10 @@ __shared__ __align__(16) u32 nf4t_pairs16[256 * 32];   // [byte][lane]: operand-
 // shared memory (64 KiB exceed static shared memory)
 #define nf4t_pairsf (reinterpret_cast<float2*>(nf4t_dyn))
 #define NF4T_DYN_TABLE (256 * 32 * 8)
+#elif NF4T_LUT == 6
+// [byte]: 16 float pairs (lane & 15), then 32 16-bit pairs (lane); 256-byte rows in the first
+// NF4T_DYN_TABLE bytes of the dynamic shared memory
+#define NF4T_DYN_TABLE (256 * 256)
 #elif NF4T_LUT == 2
 __shared__ __align__(16) float2 nf4t_pairs[256 * 16];
 #endif
@@ -235,6 +245,19 @@ __device__ __forceinline__ void setup_tables() {
         const u32 e = i >> 4;
         const float first = lut_select(e >> 4), second = lut_select(e & 15u);
         *reinterpret_cast<float4*>(nf4t_pairsf + e * 32 + (i & 15u) * 2) = make_float4(first, second, first, second);
+    }
+#elif NF4T_LUT == 6
+    // a row in 16 16-byte stores: 8 of two float pairs, 8 of four 16-bit pairs
+    for (u32 i = threadIdx.x; i < 256 * 16; i += blockDim.x) {
+        const u32 e = i >> 4, q = i & 15u;
+        const float first = lut_select(e >> 4), second = lut_select(e & 15u);
+        unsigned char* row = nf4t_dyn + e * 256u;
+        if (q < 8u) {
+            *reinterpret_cast<float4*>(row + q * 16u) = make_float4(first, second, first, second);
+        } else {
+            const u32 p = pack_pair(first, second);
+            *reinterpret_cast<uint4*>(row + q * 16u) = make_uint4(p, p, p, p);
+        }
     }
 #elif NF4T_LUT == 2
     for (u32 i = threadIdx.x; i < 256 * 16; i += blockDim.x) {
@@ -372,8 +395,21 @@ __device__ __forceinline__ u32 pair16(u32 w, int j, u32 lane4) {
 // The two code values of packed byte j of word w: (first = high nibble, second = low nibble).
 struct Decoder {
     u32 lane_off;     // pair tables: this lane's copy (bytes)
-    __device__ __forceinline__ void values(u32 w, int j, float& first, float& second) const {
-#if NF4T_LUT == 0
+    u32 lane_off16;   // pairmix: this lane's 16-bit pair (bytes)
+    // r: the row of the warp's rows (pairmix decodes even and odd rows differently)
+    __device__ __forceinline__ void values(u32 w, int j, float& first, float& second, int r = 0) const {
+#if NF4T_LUT == 6
+        u32 off;                              // byte 0: the lane's offset, byte 1: byte j of w, bytes 2-3: zeros
+        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(off) : "r"(w), "r"((r & 1) ? lane_off16 : lane_off),
+            "r"(0x5504u | ((u32)(j & 3) << 4)));
+        if (r & 1) {
+            unpack2(*reinterpret_cast<const u32*>(nf4t_dyn + off), first, second);
+        } else {
+            const float2 v = *reinterpret_cast<const float2*>(nf4t_dyn + off);
+            first = v.x;
+            second = v.y;
+        }
+#elif NF4T_LUT == 0
         const u32 hi4 = (w >> 2) & 0x3c3c3c3cu, lo4 = (w << 2) & 0x3c3c3c3cu;   // nibble x 4 in every byte
         first = lut_at(byte_at(hi4, j));
         second = lut_at(byte_at(lo4, j));
@@ -404,6 +440,9 @@ __device__ __forceinline__ Decoder make_decoder() {
     d.lane_off = (threadIdx.x & 31u) << 2;     // word lane of each 256-byte row
 #elif NF4T_LUT == 5
     d.lane_off = (threadIdx.x & 31u) << 3;     // float2 lane of each 256-byte row
+#elif NF4T_LUT == 6
+    d.lane_off = (threadIdx.x & 15u) << 3;             // float2 lane & 15 in bytes 0-127
+    d.lane_off16 = 128u | ((threadIdx.x & 31u) << 2);  // 16-bit pair lane in bytes 128-255
 #else
     d.lane_off = (threadIdx.x & 15u) << 3;     // float2 lane & 15 of each 128-byte row
 #endif
@@ -613,7 +652,7 @@ __device__ __forceinline__ void dot_staged(const Decoder& dec, const u32 (&w)[NF
             for (int jj = 0; jj < NF4T_ACH / 2; ++jj) {
                 const int j = c * (NF4T_ACH / 2) + jj;          // byte j of the run: values 2j, 2j+1
                 float first_v, second_v;
-                dec.values(w[r][j >> 2], j & 3, first_v, second_v);
+                dec.values(w[r][j >> 2], j & 3, first_v, second_v, r);
 #if NF4T_SCALE == 0
                 part[r] = fmaf(__fmul_rn(first_v, sc[r]), a[2 * jj], part[r]);
                 part[r] = fmaf(__fmul_rn(second_v, sc[r]), a[2 * jj + 1], part[r]);
@@ -637,12 +676,12 @@ __device__ __forceinline__ void dot_staged(const Decoder& dec, const u32 (&w)[NF
 
 // sum over a lane's run: byte j of the run holds values 2j (high nibble) and 2j+1 (low nibble)
 __device__ __forceinline__ float dot_run(const Decoder& dec, const u32 (&w)[NF4T_WWORDS], const float (&a)[NF4T_VPL],
-                                         float sc) {
+                                         float sc, int r) {
     float acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < NF4T_LOAD; ++j) {
         float first, second;
-        dec.values(w[j >> 2], j & 3, first, second);
+        dec.values(w[j >> 2], j & 3, first, second, r);
 #if NF4T_SCALE == 0
         acc = fmaf(__fmul_rn(first, sc), a[2 * j], acc);
         acc = fmaf(__fmul_rn(second, sc), a[2 * j + 1], acc);
@@ -706,7 +745,7 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     if (code2 != nullptr)
         for (u32 i = threadIdx.x; i < 256; i += blockDim.x) nf4t_code2[i] = __ldg(code2 + i);
 #if NF4T_ASTAGE == 1
-    // [MTILE][kper] lane-major (a_slot), after lut pairx's / pairf's table; kper is a multiple of the warp step
+    // [MTILE][kper] lane-major (a_slot), after lut pairx's / pairf's / pairmix's table; kper is a multiple of the warp step
     act_t* a_sh = reinterpret_cast<act_t*>(nf4t_dyn + NF4T_DYN_TABLE);
     if (k_begin < k_end) {
         const u32 len = k_end - k_begin;                  // a multiple of 32 values
@@ -745,7 +784,7 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
                 float a[NF4T_VPL];
                 load_a_run(A + (u64)(m0 + m) * K + k, a);
 #pragma unroll
-                for (int r = 0; r < NF4T_RPW; ++r) acc[m][r] += dot_run(dec, w[r], a, sc[r]);
+                for (int r = 0; r < NF4T_RPW; ++r) acc[m][r] += dot_run(dec, w[r], a, sc[r], r);
 #endif
             }
         }

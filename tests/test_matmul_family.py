@@ -479,6 +479,42 @@ def test_simt_with_the_float_pair_table(compile_cache):
         MatmulPlan(MM.config(**dict(simt, astage="global"), lut="pairf"), 1, 4096, 4096, 64, 256, LIMITS, device="cpu")
 
 
+def test_simt_with_the_mixed_pair_table(compile_cache):
+    """lut pairmix (SIMT, bf16/fp16): one 64 KiB table of 256-byte rows, the float pairs of lanes 0-15 in
+    bytes 0-127 and the 16-bit pairs of the 32 lanes in bytes 128-255; both offsets are one byte permute
+    (byte << 8 | (lane & 15) << 3, byte << 8 | 128 | lane << 2); the odd rows' codes are rounded, so the
+    bound is pairx's; r4 with A staged fits two 14-warp CTAs per SM (at most 73 registers) without spills."""
+    from tuner.families.matmul import rounded_codes
+    from tuner.kernel.compiler import compile_config
+
+    simt = dict(load_bytes=16, rows_per_warp=4, warps=14, mtile=1, m=1, astage="shared")
+    S = torch.ones(1, 4, dtype=torch.float64)
+    y = torch.zeros(1, 4, dtype=torch.float64)
+    for dtype in ("bf16", "fp16"):
+        c = MM.config(**simt, lut="pairmix", dtype=dtype)
+        assert rounded_codes(c)
+        assert torch.equal(error_bound(c, 4096, S, y), error_bound(c.replace(lut="pairx"), 4096, S, y))
+        k = compile_config(c, "sm_90", cache_dir=compile_cache)
+        assert 2 * 14 * 32 * k.registers <= 65536 and not k.spill_stores, (dtype, k.registers)
+    src = MM.config(**simt, lut="pairmix").render()
+    assert "d.lane_off16 = 128u | ((threadIdx.x & 31u) << 2)" in src and "dec.values(w[r][j >> 2], j & 3, first_v, second_v, r)" in src
+    rng = random.Random(13)
+    for lane in range(32):
+        for _ in range(20):
+            w = rng.getrandbits(32)
+            for j in range(4):
+                b = ((w >> (8 * j)) & 0xFF) << 8
+                assert _prmt(w, (lane & 15) << 3, 0x5504 | (j << 4)) == b | ((lane & 15) << 3)
+                assert _prmt(w, 128 | (lane << 2), 0x5504 | (j << 4)) == b | 128 | (lane << 2)
+    with pytest.raises(InvalidConfig, match="16-bit operand pairs"):
+        MM.config(**simt, lut="pairmix", dtype="fp32")
+    with pytest.raises(InvalidConfig, match="SIMT path only"):
+        MM.config(mma="mma-ks", rows_per_warp=32, mtile=8, scale="block", load_bytes=8, warps=8, lut="pairmix", m=1)
+    h200 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
+    plan = MatmulPlan(MM.config(**simt, lut="pairmix"), 1, 28672, 8192, 64, 256, h200, device="cpu")
+    assert (plan.smem, plan.block, plan.grid) == (64 * 1024 + 8192 * 2, 448, (512, 1, 1))
+
+
 def test_simt_a_staged_lane_major_and_16_warp_ctas(compile_cache):
     """SIMT with A staged in shared memory stages it lane-major and reads it chunk by chunk, so only one
     chunk of A is live: r4 with the pair table fits 64 registers without spills (two 16-warp CTAs, 32

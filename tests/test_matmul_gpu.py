@@ -115,6 +115,10 @@ CONFIGS = [
     # with A staged, the batch tile
     (1, dict(load_bytes=16, rows_per_warp=4, mtile=1, warps=14, ksplit=2, lut="pairx", astage="shared")),
     (2, dict(load_bytes=8, rows_per_warp=2, mtile=2, warps=12, ksplit=1, lut="shared")),
+    # SIMT with the mixed pair table (pairmix: float pairs for even rows, 16-bit pairs for odd ones): A
+    # staged with 14-warp CTAs and split-K; A read per step, every value scaled, 8-byte loads, the batch tile
+    (1, dict(load_bytes=16, rows_per_warp=4, mtile=1, warps=14, ksplit=2, lut="pairmix", astage="shared")),
+    (2, dict(load_bytes=8, rows_per_warp=8, mtile=2, warps=4, ksplit=1, lut="pairmix", scale="value", prefetch=1)),
 ]
 
 
@@ -123,7 +127,7 @@ CONFIGS = [
 def test_every_path_passes_the_gate(seed, m, knobs, dtype):
     if knobs.get("mma", "simt") != "simt" and dtype == "fp32":
         pytest.skip("no tensor-core path for fp32")
-    if knobs.get("lut") in ("prmt", "pairx") and dtype == "fp32":
+    if knobs.get("lut") in ("prmt", "pairx", "pairmix") and dtype == "fp32":
         pytest.skip("no 16-bit code pairs for fp32")
     for quant, bs in (("nf4", 64), ("fp4", 128), ("nf4", 32)):
         prob = P(1000, 2048, m, dtype, quant, bs)
@@ -139,7 +143,8 @@ def test_large_k_and_the_five_target_shapes(seed):
                          (1, CONFIGS[19][1]), (1, CONFIGS[21][1]), (1, CONFIGS[25][1]), (1, CONFIGS[26][1]),
                          (16, CONFIGS[28][1]), (1, CONFIGS[29][1]), (16, CONFIGS[30][1]), (2, CONFIGS[31][1]),
                          (1, CONFIGS[32][1]), (1, CONFIGS[33][1]), (1, CONFIGS[34][1]), (2, CONFIGS[35][1]),
-                         (1, CONFIGS[36][1]), (2, CONFIGS[37][1]), (1, CONFIGS[38][1]), (2, CONFIGS[39][1])):
+                         (1, CONFIGS[36][1]), (2, CONFIGS[37][1]), (1, CONFIGS[38][1]), (2, CONFIGS[39][1]),
+                         (1, CONFIGS[40][1]), (2, CONFIGS[41][1])):
             c = MM.config(**knobs, dtype="bf16", quant="nf4", m=m)
             r = check_config(c, P(n, k, m), seed=seed)
             assert r.ok, f"{c.short()} {n}x{k}: {r.reason}"
@@ -164,7 +169,7 @@ def test_plain_absmax(seed):
                   CONFIGS[14][1], CONFIGS[17][1], dict(CONFIGS[18][1], mtile=8), CONFIGS[19][1], CONFIGS[20][1],
                   CONFIGS[23][1], CONFIGS[25][1], CONFIGS[26][1], dict(CONFIGS[28][1], mtile=8), CONFIGS[29][1],
                   dict(CONFIGS[30][1], mtile=8), CONFIGS[31][1], CONFIGS[32][1], CONFIGS[33][1], CONFIGS[36][1],
-                  CONFIGS[37][1]):
+                  CONFIGS[37][1], CONFIGS[40][1], CONFIGS[41][1]):
         c = MM.config(**knobs, m=8 if knobs.get("mma") == "mma" else 2)
         out = MM.new_output(plain)
         bind(load_kernel(c), plain, out)()

@@ -36,10 +36,10 @@ MAX_WEIGHT = 2**31 - 1
 #: the read-only reduction the ceiling is measured on
 READ_BYTES = 512 << 20
 #: the LUTs that decode to 16-bit operand pairs (codes rounded to the activation dtype)
-PAIR16_LUTS = ("prmt", "pairx")
+PAIR16_LUTS = ("prmt", "pairx", "pairmix")
 #: the LUTs whose table lies in dynamic shared memory: 256 entries x 256-byte rows (the template's
 #: NF4T_DYN_TABLE), 64 KiB, which needs the shared-memory opt-in
-DYN_TABLE_LUTS = ("pairx", "pairf")
+DYN_TABLE_LUTS = ("pairx", "pairf", "pairmix")
 DYN_TABLE_BYTES = 256 * 256
 
 
@@ -174,14 +174,15 @@ def _lut_path(mma, lut, dtype):
     if lut in PAIR16_LUTS and (mma == "mma" or dtype == "fp32"):
         return (f"lut {lut} decodes to 16-bit operand pairs: the K-split tensor-core path and SIMT, with bf16 or "
                 "fp16 activations")
-    if lut == "pairf" and mma != "simt":
-        return "lut pairf decodes to float pairs for the FMAs: the SIMT path only"
+    if lut in ("pairf", "pairmix") and mma != "simt":
+        return f"lut {lut} decodes to float pairs for the FMAs: the SIMT path only"
     return None
 
 
 def rounded_codes(config) -> bool:
     """The variant multiplies the codes rounded to the 16-bit activation dtype (the tensor-core paths,
-    and SIMT with the 16-bit pair decodes lut prmt / pairx), not the exact float32 codes."""
+    and SIMT with the 16-bit pair decodes lut prmt / pairx / pairmix, whose odd rows take them), not the exact
+    float32 codes."""
     return config.mma != "simt" or config.lut in PAIR16_LUTS
 
 
@@ -435,13 +436,14 @@ class MatmulFamily(Family):
                   "change how many rows a wave of resident CTAs covers, and so the last wave's fill)"),
         Knob("ksplit", (1, 2, 4, 8, 16), "launch", label="k/{}",
              help="split-K: slices of K over CTAs, summed by fp32 atomics, the last CTA finishing the tile"),
-        Knob("lut", ("shared", "register", "pair", "prmt", "pairx", "pairf"), "source", "NF4T_LUT",
+        Knob("lut", ("shared", "register", "pair", "prmt", "pairx", "pairf", "pairmix"), "source", "NF4T_LUT",
              help="the 16-entry code in shared memory, a select tree in registers, a 256-entry table of "
                   "code pairs (one lookup per byte), replicated per lane phase (32 KiB), or (bf16/fp16, mma-ks "
                   "and SIMT) the codes as 16-bit byte tables in registers, four nibbles per byte permute (no "
                   "memory), or the 16-bit pair table with 256-byte rows (64 KiB): a lookup's offset is one byte "
                   "permute; pairf (SIMT): the float pair table with 256-byte rows (64 KiB), a permute and an "
-                  "8-byte load per packed byte, the exact codes"),
+                  "8-byte load per packed byte, the exact codes; pairmix (SIMT, bf16/fp16): both in one 64 KiB "
+                  "table, even rows through the float pairs, odd rows through the 16-bit pairs"),
         Knob("astage", ("global", "shared"), "source", "NF4T_ASTAGE", label="A:{}",
              help="A read per step from global memory (L1/L2), or staged once per CTA in shared memory"),
         Knob("scale", ("value", "block"), "source", "NF4T_SCALE", label="s:{}",
@@ -490,6 +492,7 @@ class MatmulFamily(Family):
         "stats only here",
         "lut prmt/pairx: mma-ks or simt, bf16/fp16 (16-bit code pairs; simt's pairx table needs the shared-memory opt-in)",
         "lut pairf: simt only (float pairs; its table needs the shared-memory opt-in)",
+        "lut pairmix: simt only, bf16/fp16 (float and 16-bit pairs; its table needs the shared-memory opt-in)",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
