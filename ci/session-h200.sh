@@ -47,7 +47,15 @@ A9='{"load_bytes":16,"rows_per_warp":2,"warps":8,"ksplit":2,"lut":"pairx","astag
 A10='{"load_bytes":16,"rows_per_warp":4,"warps":14,"ksplit":1,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
 A11='{"load_bytes":16,"rows_per_warp":4,"warps":14,"ksplit":2,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
 A12='{"load_bytes":16,"rows_per_warp":4,"warps":12,"ksplit":4,"lut":"shared","astage":"shared","scale":"block","wload":"stream"}'
-export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5|$P1|$P2|$A1|$A2|$A3|$A4|$A5|$A6|$A7|$A8|$A9|$A10|$A11|$A12"
+# ... with the SIMT loop's loads cut (session 9: full warps and the statistics' kind known at compile time, 618 ->
+# 508 instructions a step): the register prefetch at 14 warps (72 registers), 8-byte loads or 2 rows with it at
+# 16 warps, the mixed pair table, 16-warp CTAs split four ways
+A13='{"load_bytes":16,"rows_per_warp":4,"warps":14,"ksplit":1,"lut":"pairx","astage":"shared","scale":"block","wload":"stream","prefetch":1}'
+A14='{"load_bytes":8,"rows_per_warp":4,"warps":16,"ksplit":1,"lut":"pairx","astage":"shared","scale":"block","wload":"stream","prefetch":1}'
+A15='{"load_bytes":16,"rows_per_warp":2,"warps":16,"ksplit":1,"lut":"pairx","astage":"shared","scale":"block","wload":"stream","prefetch":1}'
+A16='{"load_bytes":16,"rows_per_warp":4,"warps":14,"ksplit":1,"lut":"pairmix","astage":"shared","scale":"block","wload":"stream"}'
+A17='{"load_bytes":16,"rows_per_warp":4,"warps":16,"ksplit":4,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
+export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5|$P1|$P2|$A1|$A2|$A3|$A4|$A5|$A6|$A7|$A8|$A9|$A10|$A11|$A12|$A13|$A14|$A15|$A16|$A17"
 export MM_CANDIDATES_8="$K1|$K2|$K3|$K4"
 export MM_CANDIDATES_16="$L1|$L2|$L3|$M16"
 export MM_CANDIDATES_32="$L1|$L2|$L3|$M16"

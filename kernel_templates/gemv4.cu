@@ -714,6 +714,91 @@ __device__ __forceinline__ void simt_load(const u8* __restrict__ B, const Scales
     }
 }
 
+// W and the raw statistics of a full warp's rows (every row < N), the statistics' kind known at compile
+// time: no bounds branch and no choice of statistics per row, and the rows' element indices one add apart
+// (n*K + k < 2^31: the family refuses larger weights)
+template <bool kNested>
+__device__ __forceinline__ void simt_load_full(const u8* __restrict__ B, const Scales& s, u32 row0, u32 K, u32 k,
+                                               u32 (&w)[NF4T_RPW][NF4T_WWORDS], ScaleRaw (&raw)[NF4T_RPW]) {
+    u32 e = row0 * K + k;
+#pragma unroll
+    for (int r = 0; r < NF4T_RPW; ++r) {
+        load_w(B + (e >> 1), w[r]);
+        const u32 b = e >> s.log2_bs;
+        if (kNested) {
+            raw[r].q = __ldg(s.absmax_q + b);
+            raw[r].a = __ldg(s.absmax2 + (b >> s.log2_g));
+        } else {
+            raw[r].q = 0u;
+            raw[r].a = __ldg(s.absmax_f + b);
+        }
+        e += K;
+    }
+}
+
+template <bool kFull, bool kNested>
+__device__ __forceinline__ void simt_load_step(const u8* __restrict__ B, const Scales& s, u32 row0, u32 N, u32 K, u32 k,
+                                               u32 (&w)[NF4T_RPW][NF4T_WWORDS], ScaleRaw (&raw)[NF4T_RPW]) {
+    if (kFull)
+        simt_load_full<kNested>(B, s, row0, K, k, w, raw);
+    else
+        simt_load(B, s, row0, N, K, k, w, raw);
+}
+
+template <bool kNested>
+__device__ __forceinline__ float scale_finish_known(const Scales& s, ScaleRaw r) {
+    if (!kNested) return r.a;
+    return __fadd_rn(__fmul_rn(nf4t_code2[r.q], r.a), s.offset);
+}
+
+// A warp's k-steps, its rows' sums added to acc. kFull: every row of the warp is < N (all warps but
+// the last ones of the last row tile), kNested: the statistics are nested (with kFull; the
+// bounds-checked path chooses per row at run time, as the first load does). The three instantiations
+// compute the same products in the same order.
+template <bool kFull, bool kNested>
+__device__ __forceinline__ void simt_steps(const Decoder& dec, const act_t* __restrict__ A, const u8* __restrict__ B,
+                                           const Scales& s, const act_t* a_sh, u32 row0, u32 N, u32 K, u32 k,
+                                           u32 k_begin, u32 k_end, u32 kper, u32 m0, u32 mrows, u32 lane,
+                                           u32 (&w)[NF4T_RPW][NF4T_WWORDS], ScaleRaw (&raw)[NF4T_RPW],
+                                           float (&acc)[NF4T_MTILE][NF4T_RPW]) {
+    const u32 kstride = 32 * NF4T_VPL;
+    (void)a_sh; (void)k_begin; (void)kper; (void)lane;
+    for (; k < k_end; k += kstride) {
+#if NF4T_PREFETCH == 1
+        u32 wn[NF4T_RPW][NF4T_WWORDS];
+        ScaleRaw rawn[NF4T_RPW];
+        if (k + kstride < k_end) simt_load_step<kFull, kNested>(B, s, row0, N, K, k + kstride, wn, rawn);
+#endif
+        float sc[NF4T_RPW];
+#pragma unroll
+        for (int r = 0; r < NF4T_RPW; ++r) sc[r] = kFull ? scale_finish_known<kNested>(s, raw[r])
+                                                        : ((row0 + r < N) ? scale_finish(s, raw[r]) : 0.0f);
+#pragma unroll
+        for (int m = 0; m < NF4T_MTILE; ++m) {
+            if (m < (int)mrows) {
+#if NF4T_ASTAGE == 1
+                dot_staged(dec, w, a_sh + m * kper + (k - k_begin) - lane * (NF4T_VPL - NF4T_ACH), sc, acc[m]);
+#else
+                float a[NF4T_VPL];
+                load_a_run(A + (u64)(m0 + m) * K + k, a);
+#pragma unroll
+                for (int r = 0; r < NF4T_RPW; ++r) acc[m][r] += dot_run(dec, w[r], a, sc[r], r);
+#endif
+            }
+        }
+#if NF4T_PREFETCH == 1
+#pragma unroll
+        for (int r = 0; r < NF4T_RPW; ++r) {
+            raw[r] = rawn[r];
+#pragma unroll
+            for (int i = 0; i < NF4T_WWORDS; ++i) w[r][i] = wn[r][i];
+        }
+#else
+        if (k + kstride < k_end) simt_load_step<kFull, kNested>(B, s, row0, N, K, k + kstride, w, raw);
+#endif
+    }
+}
+
 extern "C" __global__ void
 nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
             const u8* __restrict__ absmax_q, const float* __restrict__ code2, const float* __restrict__ absmax2,
@@ -736,7 +821,6 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     const u32 k_end = min(K, k_begin + kper);
 
     // the first step's W and statistics are loaded before the tables are filled and A is staged
-    const u32 kstride = 32 * NF4T_VPL;
     u32 w[NF4T_RPW][NF4T_WWORDS];
     ScaleRaw raw[NF4T_RPW];
     u32 k = k_begin + lane * NF4T_VPL;
@@ -765,40 +849,17 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     for (int m = 0; m < NF4T_MTILE; ++m)
 #pragma unroll
         for (int r = 0; r < NF4T_RPW; ++r) acc[m][r] = 0.0f;
-
-    for (; k < k_end; k += kstride) {
-#if NF4T_PREFETCH == 1
-        u32 wn[NF4T_RPW][NF4T_WWORDS];
-        ScaleRaw rawn[NF4T_RPW];
-        if (k + kstride < k_end) simt_load(B, s, row0, N, K, k + kstride, wn, rawn);
-#endif
-        float sc[NF4T_RPW];
-#pragma unroll
-        for (int r = 0; r < NF4T_RPW; ++r) sc[r] = (row0 + r < N) ? scale_finish(s, raw[r]) : 0.0f;
-#pragma unroll
-        for (int m = 0; m < NF4T_MTILE; ++m) {
-            if (m < (int)mrows) {
 #if NF4T_ASTAGE == 1
-                dot_staged(dec, w, a_sh + m * kper + (k - k_begin) - lane * (NF4T_VPL - NF4T_ACH), sc, acc[m]);
+    const act_t* a_stage = a_sh;
 #else
-                float a[NF4T_VPL];
-                load_a_run(A + (u64)(m0 + m) * K + k, a);
-#pragma unroll
-                for (int r = 0; r < NF4T_RPW; ++r) acc[m][r] += dot_run(dec, w[r], a, sc[r], r);
+    const act_t* a_stage = nullptr;
 #endif
-            }
-        }
-#if NF4T_PREFETCH == 1
-#pragma unroll
-        for (int r = 0; r < NF4T_RPW; ++r) {
-            raw[r] = rawn[r];
-#pragma unroll
-            for (int i = 0; i < NF4T_WWORDS; ++i) w[r][i] = wn[r][i];
-        }
-#else
-        if (k + kstride < k_end) simt_load(B, s, row0, N, K, k + kstride, w, raw);
-#endif
-    }
+    if (row0 + NF4T_RPW > N)
+        simt_steps<false, false>(dec, A, B, s, a_stage, row0, N, K, k, k_begin, k_end, kper, m0, mrows, lane, w, raw, acc);
+    else if (absmax_f == nullptr)
+        simt_steps<true, true>(dec, A, B, s, a_stage, row0, N, K, k, k_begin, k_end, kper, m0, mrows, lane, w, raw, acc);
+    else
+        simt_steps<true, false>(dec, A, B, s, a_stage, row0, N, K, k, k_begin, k_end, kper, m0, mrows, lane, w, raw, acc);
 
     // warp sums; lane (m*RPW + r) % 32 emits (m, r)
 #pragma unroll

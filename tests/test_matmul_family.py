@@ -515,6 +515,22 @@ def test_simt_with_the_mixed_pair_table(compile_cache):
     assert (plan.smem, plan.block, plan.grid) == (64 * 1024 + 8192 * 2, 448, (512, 1, 1))
 
 
+def test_simt_full_warps_take_the_unchecked_loads(compile_cache):
+    """SIMT: a warp whose rows are all < N runs the k-steps without per-row bounds and with the statistics'
+    kind (nested or plain) fixed at compile time; the last warps keep the checked loads. The three
+    instantiations are in every SIMT source, and r4 with the register prefetch and A staged fits two
+    14-warp CTAs per SM (at most 73 registers) without spills."""
+    from tuner.kernel.compiler import compile_config
+
+    c = MM.config(load_bytes=16, rows_per_warp=4, warps=14, mtile=1, m=1, lut="pairx", astage="shared", prefetch=1)
+    src = c.render()
+    for inst in ("simt_steps<false, false>", "simt_steps<true, true>", "simt_steps<true, false>"):
+        assert inst in src
+    assert "if (row0 + NF4T_RPW > N)" in src
+    k = compile_config(c, "sm_90", cache_dir=compile_cache)
+    assert 2 * 14 * 32 * k.registers <= 65536 and not k.spill_stores, k.registers
+
+
 def test_simt_a_staged_lane_major_and_16_warp_ctas(compile_cache):
     """SIMT with A staged in shared memory stages it lane-major and reads it chunk by chunk, so only one
     chunk of A is live: r4 with the pair table fits 64 registers without spills (two 16-warp CTAs, 32
