@@ -297,6 +297,34 @@ def _prmt(a, b, sel):
     return r
 
 
+def _assert_one_permute_offsets(lane_offset, seed):
+    """The templates' selector (0x5504 | j << 4) turns packed byte j of a word and a lane's offset (in
+    byte 0) into byte << 8 | offset: a pair table's 256-byte row and the lane's copy in it."""
+    rng = random.Random(seed)
+    for lane in range(32):
+        for _ in range(20):
+            w = rng.getrandbits(32)
+            for j in range(4):
+                want = (((w >> (8 * j)) & 0xFF) << 8) | lane_offset(lane)
+                assert _prmt(w, lane_offset(lane), 0x5504 | (j << 4)) == want
+
+
+def _assert_bound_and_registers(simt, lut, dtypes, bound_like, rounded, fits, compile_cache):
+    """For each dtype: the codes rounded or not, the error bound that of lut ``bound_like``, and the
+    source compiled for sm_90 without spills within ``fits(registers)``."""
+    from tuner.families.matmul import rounded_codes
+    from tuner.kernel.compiler import compile_config
+
+    S = torch.ones(1, 4, dtype=torch.float64)
+    y = torch.zeros(1, 4, dtype=torch.float64)
+    for dtype in dtypes:
+        c = MM.config(**simt, lut=lut, dtype=dtype)
+        assert rounded_codes(c) == rounded
+        assert torch.equal(error_bound(c, 4096, S, y), error_bound(c.replace(lut=bound_like), 4096, S, y))
+        k = compile_config(c, "sm_90", cache_dir=compile_cache)
+        assert fits(k.registers) and not k.spill_stores, (dtype, k.registers)
+
+
 @pytest.mark.parametrize("quant", ["nf4", "fp4"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_prmt_decode_gives_the_rounded_code_of_every_nibble_pair(quant, dtype):
@@ -343,12 +371,7 @@ def test_pairx_offsets_are_one_byte_permute_of_the_word_and_the_lane():
     src = MM.config(mma="mma-ks", rows_per_warp=32, mtile=8, scale="block", load_bytes=8, warps=8, unroll=2,
                     lut="pairx", m=1).render()
     assert "0x5504u | ((u32)(j & 3) << 4)" in src
-    rng = random.Random(7)
-    for lane in range(32):
-        for _ in range(50):
-            w = rng.getrandbits(32)
-            for j in range(4):
-                assert _prmt(w, lane << 2, 0x5504 | (j << 4)) == (((w >> (8 * j)) & 0xFF) << 8) | (lane << 2)
+    _assert_one_permute_offsets(lambda lane: lane << 2, 7)
     with pytest.raises(InvalidConfig, match="16-bit operand pairs"):
         MM.config(lut="pairx", dtype="fp32", m=1)
     with pytest.raises(InvalidConfig, match="16-bit operand pairs"):
@@ -448,26 +471,12 @@ def test_simt_with_the_float_pair_table(compile_cache):
     byte << 8 | lane << 3, the lane's float pair in a 256-byte row; the 64 KiB table is dynamic shared
     memory before A's stage and needs the opt-in; it compiles for sm_90 without spills, r4 with A staged
     in 64 registers (two 16-warp CTAs per SM); the tensor-core paths refuse it."""
-    from tuner.families.matmul import rounded_codes
-    from tuner.kernel.compiler import compile_config
-
     simt = dict(load_bytes=16, rows_per_warp=4, warps=16, mtile=1, m=1, astage="shared")
-    S = torch.ones(1, 4, dtype=torch.float64)
-    y = torch.zeros(1, 4, dtype=torch.float64)
-    for dtype in ("bf16", "fp16", "fp32"):
-        c = MM.config(**simt, lut="pairf", dtype=dtype)
-        assert not rounded_codes(c)
-        assert torch.equal(error_bound(c, 4096, S, y), error_bound(c.replace(lut="shared"), 4096, S, y))
-        k = compile_config(c, "sm_90", cache_dir=compile_cache)
-        assert k.registers <= 64 and not k.spill_stores, (dtype, k.registers)
+    _assert_bound_and_registers(simt, "pairf", ("bf16", "fp16", "fp32"), "shared", False, lambda r: r <= 64,
+                                compile_cache)
     src = MM.config(**simt, lut="pairf").render()
     assert "0x5504u | ((u32)(j & 3) << 4)" in src and "#define NF4T_DYN_TABLE (256 * 32 * 8)" in src
-    rng = random.Random(11)
-    for lane in range(32):
-        for _ in range(50):
-            w = rng.getrandbits(32)
-            for j in range(4):
-                assert _prmt(w, lane << 3, 0x5504 | (j << 4)) == (((w >> (8 * j)) & 0xFF) << 8) | (lane << 3)
+    _assert_one_permute_offsets(lambda lane: lane << 3, 11)
     with pytest.raises(InvalidConfig, match="SIMT path only"):
         MM.config(mma="mma-ks", rows_per_warp=32, mtile=8, scale="block", load_bytes=8, warps=8, lut="pairf", m=1)
     with pytest.raises(InvalidConfig, match="SIMT path only"):
@@ -484,28 +493,14 @@ def test_simt_with_the_mixed_pair_table(compile_cache):
     bytes 0-127 and the 16-bit pairs of the 32 lanes in bytes 128-255; both offsets are one byte permute
     (byte << 8 | (lane & 15) << 3, byte << 8 | 128 | lane << 2); the odd rows' codes are rounded, so the
     bound is pairx's; r4 with A staged fits two 14-warp CTAs per SM (at most 73 registers) without spills."""
-    from tuner.families.matmul import rounded_codes
-    from tuner.kernel.compiler import compile_config
-
     simt = dict(load_bytes=16, rows_per_warp=4, warps=14, mtile=1, m=1, astage="shared")
-    S = torch.ones(1, 4, dtype=torch.float64)
-    y = torch.zeros(1, 4, dtype=torch.float64)
-    for dtype in ("bf16", "fp16"):
-        c = MM.config(**simt, lut="pairmix", dtype=dtype)
-        assert rounded_codes(c)
-        assert torch.equal(error_bound(c, 4096, S, y), error_bound(c.replace(lut="pairx"), 4096, S, y))
-        k = compile_config(c, "sm_90", cache_dir=compile_cache)
-        assert 2 * 14 * 32 * k.registers <= 65536 and not k.spill_stores, (dtype, k.registers)
+    _assert_bound_and_registers(simt, "pairmix", ("bf16", "fp16"), "pairx", True,
+                                lambda r: 2 * 14 * 32 * r <= 65536, compile_cache)
     src = MM.config(**simt, lut="pairmix").render()
-    assert "d.lane_off16 = 128u | ((threadIdx.x & 31u) << 2)" in src and "dec.values(w[r][j >> 2], j & 3, first_v, second_v, r)" in src
-    rng = random.Random(13)
-    for lane in range(32):
-        for _ in range(20):
-            w = rng.getrandbits(32)
-            for j in range(4):
-                b = ((w >> (8 * j)) & 0xFF) << 8
-                assert _prmt(w, (lane & 15) << 3, 0x5504 | (j << 4)) == b | ((lane & 15) << 3)
-                assert _prmt(w, 128 | (lane << 2), 0x5504 | (j << 4)) == b | 128 | (lane << 2)
+    assert "d.lane_off16 = 128u | ((threadIdx.x & 31u) << 2)" in src
+    assert "dec.values(w[r][j >> 2], j & 3, first_v, second_v, r)" in src
+    _assert_one_permute_offsets(lambda lane: (lane & 15) << 3, 13)
+    _assert_one_permute_offsets(lambda lane: 128 | (lane << 2), 13)
     with pytest.raises(InvalidConfig, match="16-bit operand pairs"):
         MM.config(**simt, lut="pairmix", dtype="fp32")
     with pytest.raises(InvalidConfig, match="SIMT path only"):
