@@ -84,11 +84,12 @@ if want mmtests; then
 fi
 if want mmprofile; then
   # ncu (clocks left alone) of matmul variants: speed of light, occupancy, warp states, memory
+  # (MM_PROFILE_NCU_ARGS: more ncu arguments, e.g. the stall reasons as metrics)
   IFS='|' read -r -a cfgs <<< "${MM_PROFILE_CONFIGS:-}"     # configs as JSON, separated by |
   for cfg in "${cfgs[@]}"; do
     [ -z "$cfg" ] && continue
     ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
-        --section MemoryWorkloadAnalysis --section LaunchStats -k nf4t_matmul -c 1 \
+        --section MemoryWorkloadAnalysis --section LaunchStats ${MM_PROFILE_NCU_ARGS:-} -k nf4t_matmul -c 1 \
         $py ci/profile_matmul.py ${MM_PROFILE_SHAPE:-8192 8192 1} "$cfg" 2 2>&1 | grep -v "^==PROF==" \
         | tee -a "$OUT/mmprofile.txt"
   done
