@@ -59,7 +59,7 @@
 //                lane & 15 copy) and the 16-bit pairs of the 32 lanes (bytes 128-255), so either lookup's
 //                offset is one byte permute. Even rows of a warp decode through the float pairs (fewer
 //                instructions, two wavefronts a lookup), odd rows through the 16-bit pairs (two more
-//                instructions, one wavefront): between pairx (issue-bound) and pairf (L1-bound).
+//                instructions, one wavefront): between pairx's instructions and pairf's wavefronts.
 //   NF4T_ASTAGE  0 global: each warp reads its run of A per k-iteration from global memory (L1
 //                and L2 hits: A is small and every CTA reads it); 1 shared: the CTA copies its
 //                K slice of A x MTILE into shared memory once (dynamic shared memory). SIMT stages
