@@ -32,29 +32,30 @@ P1='{"load_bytes":16,"rows_per_warp":4,"warps":8,"ksplit":1,"lut":"pairx","scale
 P2='{"load_bytes":16,"rows_per_warp":8,"warps":8,"ksplit":1,"lut":"pairx","scale":"block","wload":"stream"}'
 # ... and SIMT with A staged lane-major in shared memory, 8- and 16-warp CTAs (session 8,
 # examples/h200/matmul/simt-s8/simtstage*)
-A1='{"load_bytes":16,"rows_per_warp":4,"warps":8,"ksplit":1,"lut":"shared","astage":"shared","scale":"block","wload":"stream"}'
-A2='{"load_bytes":16,"rows_per_warp":4,"warps":8,"ksplit":1,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
-A3='{"load_bytes":16,"rows_per_warp":4,"warps":16,"ksplit":1,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
-A4='{"load_bytes":16,"rows_per_warp":4,"warps":16,"ksplit":1,"lut":"shared","astage":"shared","scale":"block","wload":"stream"}'
-A5='{"load_bytes":16,"rows_per_warp":8,"warps":8,"ksplit":1,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
+SA='"astage":"shared","scale":"block","wload":"stream"'    # what the A-staged SIMT candidates share
+A1='{"load_bytes":16,"rows_per_warp":4,"warps":8,"ksplit":1,"lut":"shared",'"$SA"'}'
+A2='{"load_bytes":16,"rows_per_warp":4,"warps":8,"ksplit":1,"lut":"pairx",'"$SA"'}'
+A3='{"load_bytes":16,"rows_per_warp":4,"warps":16,"ksplit":1,"lut":"pairx",'"$SA"'}'
+A4='{"load_bytes":16,"rows_per_warp":4,"warps":16,"ksplit":1,"lut":"shared",'"$SA"'}'
+A5='{"load_bytes":16,"rows_per_warp":8,"warps":8,"ksplit":1,"lut":"pairx",'"$SA"'}'
 # ... split over K for the narrow shapes (4096 and 1024 rows: 64-256 CTAs of 16-64 rows)
-A6='{"load_bytes":16,"rows_per_warp":4,"warps":8,"ksplit":2,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
-A7='{"load_bytes":16,"rows_per_warp":4,"warps":8,"ksplit":4,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
-A8='{"load_bytes":16,"rows_per_warp":4,"warps":16,"ksplit":2,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
-A9='{"load_bytes":16,"rows_per_warp":2,"warps":8,"ksplit":2,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
+A6='{"load_bytes":16,"rows_per_warp":4,"warps":8,"ksplit":2,"lut":"pairx",'"$SA"'}'
+A7='{"load_bytes":16,"rows_per_warp":4,"warps":8,"ksplit":4,"lut":"pairx",'"$SA"'}'
+A8='{"load_bytes":16,"rows_per_warp":4,"warps":16,"ksplit":2,"lut":"pairx",'"$SA"'}'
+A9='{"load_bytes":16,"rows_per_warp":2,"warps":8,"ksplit":2,"lut":"pairx",'"$SA"'}'
 # ... CTAs of 14 and 12 warps (session 9, examples/h200/matmul/simt-s9): with 2 CTAs of 14 warps per SM a
 # wave covers 14784 rows, so 28672 rows take 1.94 waves (1.70 of 16-warp CTAs: the second wave 70% full)
-A10='{"load_bytes":16,"rows_per_warp":4,"warps":14,"ksplit":1,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
-A11='{"load_bytes":16,"rows_per_warp":4,"warps":14,"ksplit":2,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
-A12='{"load_bytes":16,"rows_per_warp":4,"warps":12,"ksplit":4,"lut":"shared","astage":"shared","scale":"block","wload":"stream"}'
+A10='{"load_bytes":16,"rows_per_warp":4,"warps":14,"ksplit":1,"lut":"pairx",'"$SA"'}'
+A11='{"load_bytes":16,"rows_per_warp":4,"warps":14,"ksplit":2,"lut":"pairx",'"$SA"'}'
+A12='{"load_bytes":16,"rows_per_warp":4,"warps":12,"ksplit":4,"lut":"shared",'"$SA"'}'
 # ... with the SIMT loop's loads cut (session 9: full warps and the statistics' kind known at compile time, 618 ->
 # 508 instructions a step): the register prefetch at 14 warps (72 registers), 8-byte loads or 2 rows with it at
 # 16 warps, the mixed pair table, 16-warp CTAs split four ways
-A13='{"load_bytes":16,"rows_per_warp":4,"warps":14,"ksplit":1,"lut":"pairx","astage":"shared","scale":"block","wload":"stream","prefetch":1}'
-A14='{"load_bytes":8,"rows_per_warp":4,"warps":16,"ksplit":1,"lut":"pairx","astage":"shared","scale":"block","wload":"stream","prefetch":1}'
-A15='{"load_bytes":16,"rows_per_warp":2,"warps":16,"ksplit":1,"lut":"pairx","astage":"shared","scale":"block","wload":"stream","prefetch":1}'
-A16='{"load_bytes":16,"rows_per_warp":4,"warps":14,"ksplit":1,"lut":"pairmix","astage":"shared","scale":"block","wload":"stream"}'
-A17='{"load_bytes":16,"rows_per_warp":4,"warps":16,"ksplit":4,"lut":"pairx","astage":"shared","scale":"block","wload":"stream"}'
+A13='{"load_bytes":16,"rows_per_warp":4,"warps":14,"ksplit":1,"lut":"pairx","prefetch":1,'"$SA"'}'
+A14='{"load_bytes":8,"rows_per_warp":4,"warps":16,"ksplit":1,"lut":"pairx","prefetch":1,'"$SA"'}'
+A15='{"load_bytes":16,"rows_per_warp":2,"warps":16,"ksplit":1,"lut":"pairx","prefetch":1,'"$SA"'}'
+A16='{"load_bytes":16,"rows_per_warp":4,"warps":14,"ksplit":1,"lut":"pairmix",'"$SA"'}'
+A17='{"load_bytes":16,"rows_per_warp":4,"warps":16,"ksplit":4,"lut":"pairx",'"$SA"'}'
 export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5|$P1|$P2|$A1|$A2|$A3|$A4|$A5|$A6|$A7|$A8|$A9|$A10|$A11|$A12|$A13|$A14|$A15|$A16|$A17"
 export MM_CANDIDATES_8="$K1|$K2|$K3|$K4"
 export MM_CANDIDATES_16="$L1|$L2|$L3|$M16"

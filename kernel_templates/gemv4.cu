@@ -372,6 +372,15 @@ __device__ __forceinline__ u32 prmt_pair(u32 w, int j) {
 }
 #endif
 
+// The byte offset of a lane's copy of packed byte j's entry in a pair table of 256-byte rows
+// (pairx, pairf, pairmix): byte j of w << 8 | lane_off (lane_off < 256), one byte permute
+// (byte 0: lane_off's, byte 1: byte j of w, bytes 2-3: lane_off's zeros).
+__device__ __forceinline__ u32 row_offset(u32 w, int j, u32 lane_off) {
+    u32 off;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(off) : "r"(w), "r"(lane_off), "r"(0x5504u | ((u32)(j & 3) << 4)));
+    return off;
+}
+
 // the 16-bit operand pair (values 2j, 2j+1 of the run) of byte j of word w
 __device__ __forceinline__ u32 pair16(u32 w, int j, u32 lane4) {
 #if NF4T_LUT == 3
@@ -380,9 +389,7 @@ __device__ __forceinline__ u32 pair16(u32 w, int j, u32 lane4) {
     const u32 off = (((w >> (8 * (j & 3))) & 0xffu) << 7) | lane4;
     return *reinterpret_cast<const u32*>(reinterpret_cast<const char*>(nf4t_pairs16) + off);
 #elif NF4T_LUT == 4
-    u32 off;                                  // byte 0: lane4, byte 1: byte j of w, bytes 2-3: lane4's zeros
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(off) : "r"(w), "r"(lane4), "r"(0x5504u | ((u32)(j & 3) << 4)));
-    return *reinterpret_cast<const u32*>(reinterpret_cast<const char*>(nf4t_pairs16) + off);
+    return *reinterpret_cast<const u32*>(reinterpret_cast<const char*>(nf4t_pairs16) + row_offset(w, j, lane4));
 #elif NF4T_LUT == 0
     const u32 hi4 = (w >> 2) & 0x3c3c3c3cu, lo4 = (w << 2) & 0x3c3c3c3cu;
     return pack_pair(lut_at(byte_at(hi4, j & 3)), lut_at(byte_at(lo4, j & 3)));
@@ -399,9 +406,7 @@ struct Decoder {
     // r: the row of the warp's rows (pairmix decodes even and odd rows differently)
     __device__ __forceinline__ void values(u32 w, int j, float& first, float& second, int r = 0) const {
 #if NF4T_LUT == 6
-        u32 off;                              // byte 0: the lane's offset, byte 1: byte j of w, bytes 2-3: zeros
-        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(off) : "r"(w), "r"((r & 1) ? lane_off16 : lane_off),
-            "r"(0x5504u | ((u32)(j & 3) << 4)));
+        const u32 off = row_offset(w, j, (r & 1) ? lane_off16 : lane_off);
         if (r & 1) {
             unpack2(*reinterpret_cast<const u32*>(nf4t_dyn + off), first, second);
         } else {
@@ -420,9 +425,8 @@ struct Decoder {
 #elif NF4T_LUT == 3 || NF4T_LUT == 4
         unpack2(pair16(w, j, lane_off), first, second);   // the codes rounded to the 16-bit dtype
 #elif NF4T_LUT == 5
-        u32 off;                              // byte 0: lane_off, byte 1: byte j of w, bytes 2-3: zeros
-        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(off) : "r"(w), "r"(lane_off), "r"(0x5504u | ((u32)(j & 3) << 4)));
-        const float2 v = *reinterpret_cast<const float2*>(reinterpret_cast<const char*>(nf4t_pairsf) + off);
+        const float2 v =
+            *reinterpret_cast<const float2*>(reinterpret_cast<const char*>(nf4t_pairsf) + row_offset(w, j, lane_off));
         first = v.x;
         second = v.y;
 #elif NF4T_MMA != 2

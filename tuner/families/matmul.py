@@ -41,6 +41,8 @@ PAIR16_LUTS = ("prmt", "pairx", "pairmix")
 #: NF4T_DYN_TABLE), 64 KiB, which needs the shared-memory opt-in
 DYN_TABLE_LUTS = ("pairx", "pairf", "pairmix")
 DYN_TABLE_BYTES = 256 * 256
+#: the LUTs that decode to float pairs for the CUDA cores' FMAs: the SIMT path only
+FLOAT_PAIR_LUTS = ("pairf", "pairmix")
 
 
 def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
@@ -174,7 +176,7 @@ def _lut_path(mma, lut, dtype):
     if lut in PAIR16_LUTS and (mma == "mma" or dtype == "fp32"):
         return (f"lut {lut} decodes to 16-bit operand pairs: the K-split tensor-core path and SIMT, with bf16 or "
                 "fp16 activations")
-    if lut in ("pairf", "pairmix") and mma != "simt":
+    if lut in FLOAT_PAIR_LUTS and mma != "simt":
         return f"lut {lut} decodes to float pairs for the FMAs: the SIMT path only"
     return None
 
@@ -286,7 +288,7 @@ class MatmulPlan:
         tiles = -(-N // rows_per_cta)
         mtiles = -(-M // c.mtile)
         act_bytes = OUT_BYTES[c.dtype]
-        # lut pairx's / pairf's table comes first in the dynamic shared memory, on every path that takes it
+        # a 64 KiB pair table (DYN_TABLE_LUTS) comes first in the dynamic shared memory, on every path that takes it
         lut_table = DYN_TABLE_BYTES if c.lut in DYN_TABLE_LUTS else 0
         if c.mma == "mma-ks":
             # the warps' partial sums, then the ring
