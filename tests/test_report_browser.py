@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -236,12 +235,18 @@ def test_text_from_the_database_is_shown_and_never_run(tmp_path):
         assert EVIL in seen["options"] and EVIL in seen["unreadable"]
         assert EVIL in b.js("document.querySelector('#runs .cmd').innerText")
         _shot(b, tmp_path / "report-hostile.png")
-    # and with the page's own guard, under --dump-dom (where a dialog would hang the browser)
-    r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-unsafe-swiftshader",
-                        "--no-first-run", "--virtual-time-budget=15000", "--dump-dom", index.as_uri() + "#selfcheck"],
-                       capture_output=True, text=True, timeout=120)
-    body = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', re.search(r"<body([^>]*)>", r.stdout).group(1)))
-    assert body["checked"] == "1" and body["dialogs"] == "[]" and body["errors"] == "[]", body
+    # and with the page's own guard in charge (no native-dialog flag): Chromium still reports any
+    # dialog that gets past it. (A --dump-dom run under a virtual-time budget did this before; on a
+    # loaded CI machine it once dumped the page before its check had run, so the wait is real time.)
+    with Chromium(chromium, 1400, 1000) as b:
+        attrs = _visit(b, index.as_uri())
+        b.pump(1.0)
+        _assert_clean(attrs, b)
+        assert attrs["studiesChecked"] == "2"
+        # the guard is the page's: a dialog opened now is recorded by the page and never reaches Chromium
+        assert b.js("alert('probe'); JSON.stringify(window.__nf4tuneDialogs)") == '["alert: probe"]'
+        b.pump(0.5)
+        assert b.dialogs == []
 
 
 def test_two_families_failed_trials_and_single_measurements(tmp_path):
