@@ -167,7 +167,7 @@ __device__ __forceinline__ float lut_select(u32 q) {
 
 __shared__ float nf4t_lut[16];
 extern __shared__ __align__(16) unsigned char nf4t_dyn[];
-#if NF4T_LUT == 2 && NF4T_MMA == 2
+#if NF4T_LUT == 2 && (NF4T_MMA == 2 || NF4T_MMA == 3)
 __shared__ __align__(16) u32 nf4t_pairs16[256 * 32];   // [byte][lane]: operand-dtype pair, per lane
 #elif NF4T_LUT == 4
 // [byte][64]: the pair in words 0..31 (per lane); 64 KiB exceed static shared memory: the first
@@ -186,7 +186,7 @@ __shared__ __align__(16) u32 nf4t_pairs16[256 * 32];   // [byte][lane]: operand-
 #elif NF4T_LUT == 2
 __shared__ __align__(16) float2 nf4t_pairs[256 * 16];
 #endif
-#if NF4T_MMA == 2 || NF4T_MMA == 0
+#if NF4T_MMA != 1
 // the nested statistics' code (256 floats): a warp's 16 lookups of one step fall in 32 banks, not in
 // up to 8 L1 lines
 __shared__ float nf4t_code2[256];
@@ -232,7 +232,7 @@ __device__ __forceinline__ void setup_tables() {
                          NF4T_V8, NF4T_V9, NF4T_V10, NF4T_V11, NF4T_V12, NF4T_V13, NF4T_V14, NF4T_V15};
 #if NF4T_LUT == 0
     if (threadIdx.x < 16) nf4t_lut[threadIdx.x] = v[threadIdx.x];
-#elif (NF4T_LUT == 2 && NF4T_MMA == 2) || NF4T_LUT == 4
+#elif (NF4T_LUT == 2 && (NF4T_MMA == 2 || NF4T_MMA == 3)) || NF4T_LUT == 4
     // the 16-bit pair table: 256 pairs, each written to its 32 lane copies with 16-byte stores
     for (u32 i = threadIdx.x; i < 256 * 8; i += blockDim.x) {
         const u32 e = i >> 3;
@@ -385,7 +385,7 @@ __device__ __forceinline__ u32 row_offset(u32 w, int j, u32 lane_off) {
 __device__ __forceinline__ u32 pair16(u32 w, int j, u32 lane4) {
 #if NF4T_LUT == 3
     return prmt_pair(w, j & 3);
-#elif NF4T_LUT == 2 && NF4T_MMA == 2
+#elif NF4T_LUT == 2 && (NF4T_MMA == 2 || NF4T_MMA == 3)
     const u32 off = (((w >> (8 * (j & 3))) & 0xffu) << 7) | lane4;
     return *reinterpret_cast<const u32*>(reinterpret_cast<const char*>(nf4t_pairs16) + off);
 #elif NF4T_LUT == 4
@@ -429,7 +429,7 @@ struct Decoder {
             *reinterpret_cast<const float2*>(reinterpret_cast<const char*>(nf4t_pairsf) + row_offset(w, j, lane_off));
         first = v.x;
         second = v.y;
-#elif NF4T_MMA != 2
+#elif NF4T_MMA != 2 && NF4T_MMA != 3
         const float2 v = *reinterpret_cast<const float2*>(
             reinterpret_cast<const char*>(nf4t_pairs) + ((byte_at(w, j) << 7) + lane_off));
         first = v.x;
@@ -528,6 +528,15 @@ __device__ __forceinline__ float scale_finish(const Scales& s, ScaleRaw r) {   /
     return __fadd_rn(__fmul_rn(__ldg(s.code2 + r.q), r.a), s.offset);
 #endif
 }
+
+#if NF4T_MMA != 1
+// the scale with the statistics' kind known at compile time (nested: the code in shared memory)
+template <bool kNested>
+__device__ __forceinline__ float scale_finish_known(const Scales& s, ScaleRaw r) {
+    if (!kNested) return r.a;
+    return __fadd_rn(__fmul_rn(nf4t_code2[r.q], r.a), s.offset);
+}
+#endif
 
 // ---------------------------------------------------------------- output
 // Add the bias, round and store y[m, n]; or, split over K, add the partial sum to the workspace.
@@ -747,12 +756,6 @@ __device__ __forceinline__ void simt_load_step(const u8* __restrict__ B, const S
         simt_load_full<kNested>(B, s, row0, K, k, w, raw);
     else
         simt_load(B, s, row0, N, K, k, w, raw);
-}
-
-template <bool kNested>
-__device__ __forceinline__ float scale_finish_known(const Scales& s, ScaleRaw r) {
-    if (!kNested) return r.a;
-    return __fadd_rn(__fmul_rn(nf4t_code2[r.q], r.a), s.offset);
 }
 
 // A warp's k-steps, its rows' sums added to acc. kFull: every row of the warp is < N (all warps but
@@ -1415,7 +1418,307 @@ __device__ __forceinline__ void ks_epilogue(const float (&acc)[NF4T_RT][NF4T_NT]
         work_sync();      // red is written again by the next tile
 }
 
-#if NF4T_FEED == 1
+#if NF4T_MMA == 3
+// ---- tensor cores, warps owning row tiles (NF4T_MMA 3, "mma-rows"). W rows are the mma's M and the
+// batch its N, as in mma-ks, with the same window (a quad's four runs of 2*LOAD values; lane (g, t):
+// rows g and g+8 of each m16 tile, batch row g, run t) and the same decode (16-bit code pairs). What
+// changes is who does what:
+//   - a CTA owns WARPS x NF4T_RPW rows and a K slice, and warp w owns rows w*RPW .. +RPW over the
+//     whole slice: no warp's sums meet another's, so there is no reduction in shared memory and no
+//     barrier after the start (mma-ks splits a tile's K over its warps and reduces at every tile);
+//   - the CTA stages its batch rows of A for the slice in shared memory once, in the operand order
+//     (tc_a_slot): A leaves L2 once per CTA of up to 512 rows, not once per 16 or 32 rows, and a
+//     lane's run of a window is LOAD/4 16-byte shared loads without bank conflicts;
+//   - a group's statistics are loaded once per row and window, not once per lane: lane (g, t) loads
+//     the block of window t % U for rows g, g+8 of each tile, finishes those scales, and the quad
+//     passes them round by shuffles. A window lies in one block (the plan asks 8*LOAD <= blocksize),
+//     so a window's sums take one multiply by its scale.
+// A group of NF4T_U windows is loaded at once (NF4T_PREFETCH 1: the next group before the current one
+// is computed). Warps whose rows are all < N load without bounds and with the statistics' kind fixed
+// at compile time, but for a slice's last, partial group.
+#define NF4T_GK (NF4T_U * NF4T_WIN)     // K per group
+#define NF4T_CH (NF4T_LOAD / 4)         // 16-byte chunks (8 values) of A in a lane's run
+
+// One window on the tensor cores: cp = the code pairs of W's row tiles (lane (g, t): rows g and g + 8 of
+// each tile, its run of the window) times the batch tiles' runs of A (the lane's batch row g, the same
+// run), for windows that lie in one block (the scale follows, tc_scale_add)
+__device__ __forceinline__ void tc_window(const u32 (&w)[NF4T_RT][2][NF4T_WWORDS], const u32 (&a)[NF4T_NT][NF4T_LOAD],
+                                          u32 lane4, float (&cp)[NF4T_RT][NF4T_NT][4]) {
+#pragma unroll
+    for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+        for (int nt = 0; nt < NF4T_NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) cp[rt][nt][i] = 0.0f;
+#pragma unroll
+    for (int st = 0; st < NF4T_LOAD / 2; ++st) {
+#pragma unroll
+        for (int rt = 0; rt < NF4T_RT; ++rt) {
+            const u32 a0 = pair16(w[rt][0][(2 * st) >> 2], 2 * st, lane4);
+            const u32 a1 = pair16(w[rt][1][(2 * st) >> 2], 2 * st, lane4);
+            const u32 a2 = pair16(w[rt][0][(2 * st + 1) >> 2], 2 * st + 1, lane4);
+            const u32 a3 = pair16(w[rt][1][(2 * st + 1) >> 2], 2 * st + 1, lane4);
+#pragma unroll
+            for (int nt = 0; nt < NF4T_NT; ++nt) mma16816(cp[rt][nt], a0, a1, a2, a3, a[nt][2 * st], a[nt][2 * st + 1]);
+        }
+    }
+}
+
+// acc += the block's scale x a window's sums: sc[rt][0] for row g (c0, c1), sc[rt][1] for row g + 8 (c2, c3)
+__device__ __forceinline__ void tc_scale_add(float (&acc)[NF4T_RT][NF4T_NT][4], const float (&cp)[NF4T_RT][NF4T_NT][4],
+                                             const float (&sc)[NF4T_RT][2]) {
+#pragma unroll
+    for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+        for (int nt = 0; nt < NF4T_NT; ++nt) {
+            acc[rt][nt][0] = fmaf(sc[rt][0], cp[rt][nt][0], acc[rt][nt][0]);
+            acc[rt][nt][1] = fmaf(sc[rt][0], cp[rt][nt][1], acc[rt][nt][1]);
+            acc[rt][nt][2] = fmaf(sc[rt][1], cp[rt][nt][2], acc[rt][nt][2]);
+            acc[rt][nt][3] = fmaf(sc[rt][1], cp[rt][nt][3], acc[rt][nt][3]);
+        }
+}
+
+struct RowsGroup {
+    u32 w[NF4T_U][NF4T_RT][2][NF4T_WWORDS];   // window u: rows g, g+8 of each tile
+    ScaleRaw raw[NF4T_RT][2];                  // the block of window t % U: rows g, g+8 of each tile
+};
+
+// A's stage: byte offset of the 16-byte chunk holding slice offset kk (a multiple of 8) in a batch row.
+// Chunk c of run t of window v lies at ((v*CH + c)*4 + t)*16, so a quad's four runs of a chunk are 64
+// contiguous bytes; batch rows lie tc_a_pitch apart (64 mod 128), so a quarter warp's two quads hit
+// all 32 banks. tuner/families/matmul.py sizes the stage with the same pitch.
+__device__ __forceinline__ u32 tc_a_slot(u32 kk) {
+    const u32 v = kk / NF4T_WIN, r = kk % NF4T_WIN;
+    return ((v * NF4T_CH + (r % NF4T_RUN) / 8u) * 4u + r / NF4T_RUN) * 16u;
+}
+__device__ __forceinline__ u32 tc_a_pitch(u32 kper) { return ((kper * 2u + 127u) & ~127u) + 64u; }
+
+// A group's W (zeros past N or past the slice) and its statistics, with bounds; the statistics' kind
+// chosen at run time
+__device__ __forceinline__ void rows_load(RowsGroup& G, const u8* __restrict__ B, const Scales& s, u32 row0, u32 N,
+                                          u32 K, u32 k_end, u32 g, u32 t, u32 kw) {
+#pragma unroll
+    for (int u = 0; u < NF4T_U; ++u) {
+        const u32 k = kw + u * NF4T_WIN + t * NF4T_RUN;
+#pragma unroll
+        for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32 n = row0 + rt * 16 + g + 8 * h;
+                if (n < N && k < k_end) {
+                    load_w(B + (((u64)n * K + k) >> 1), G.w[u][rt][h]);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < NF4T_WWORDS; ++i) G.w[u][rt][h][i] = 0u;
+                }
+            }
+    }
+    const u32 ks = kw + (t % NF4T_U) * NF4T_WIN;   // the window whose block this lane loads
+#pragma unroll
+    for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const u32 n = row0 + rt * 16 + g + 8 * h;
+            if (n < N && ks < k_end) {
+                G.raw[rt][h] = scale_load(s, n * K + ks);
+            } else {
+                G.raw[rt][h].q = 0u;
+                G.raw[rt][h].a = 0.0f;
+            }
+        }
+}
+
+// Full warps (every row < N) walk W by pointers: the lane's run of each row at the next group's first
+// window, and the element index of the window whose block it loads; a group is then loads at fixed
+// offsets from them, and one add each to move on (n*K + k < 2^31: the family refuses larger weights)
+struct RowsCursor {
+    const u8* w[NF4T_RT][2];
+    u32 e[NF4T_RT][2];
+};
+__device__ __forceinline__ RowsCursor rows_cursor(const u8* __restrict__ B, u32 row0, u32 K, u32 g, u32 t, u32 kw) {
+    RowsCursor c;
+#pragma unroll
+    for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const u32 e = (row0 + rt * 16 + g + 8 * h) * K + kw;
+            c.w[rt][h] = B + ((e + t * NF4T_RUN) >> 1);
+            c.e[rt][h] = e + (t % NF4T_U) * NF4T_WIN;
+        }
+    return c;
+}
+template <bool kNested>
+__device__ __forceinline__ void rows_load_full(RowsGroup& G, RowsCursor& c, const Scales& s) {
+#pragma unroll
+    for (int u = 0; u < NF4T_U; ++u)
+#pragma unroll
+        for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) load_w(c.w[rt][h] + u * (NF4T_WIN / 2), G.w[u][rt][h]);
+#pragma unroll
+    for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const u32 b = c.e[rt][h] >> s.log2_bs;
+            G.raw[rt][h].q = kNested ? (u32)__ldg(s.absmax_q + b) : 0u;
+            G.raw[rt][h].a = kNested ? __ldg(s.absmax2 + (b >> s.log2_g)) : __ldg(s.absmax_f + b);
+            c.w[rt][h] += NF4T_GK / 2;
+            c.e[rt][h] += NF4T_GK;
+        }
+}
+
+// A 16-byte chunk of A's stage into v where the lane's batch row exists; elsewhere v keeps what it held
+// (the mma's column of a batch row past M only reaches outputs that are never written), so no zeros
+// are moved in
+__device__ __forceinline__ void lds128_if(u32 (&v)[NF4T_NT][NF4T_LOAD], int nt, int i, bool in, u32 addr) {
+    asm("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %4, 0;\n\t@p ld.shared.v4.u32 {%0, %1, %2, %3}, [%5];\n\t}"
+        : "+r"(v[nt][i]), "+r"(v[nt][i + 1]), "+r"(v[nt][i + 2]), "+r"(v[nt][i + 3]) : "r"((u32)in), "r"(addr));
+}
+
+// A group's windows on the tensor cores, added to acc. a_lane: the shared address of the lane's chunk 0
+// of the group's first window in batch tile 0's row g; a_in[nt]: batch row nt*8 + g exists; a: the
+// runs of A, held across calls (see lds128_if).
+template <bool kFull, bool kNested>
+__device__ __forceinline__ void rows_compute(const RowsGroup& G, float (&acc)[NF4T_RT][NF4T_NT][4], const Scales& s,
+                                             u32 a_lane, u32 pitch, const bool (&a_in)[NF4T_NT],
+                                             u32 (&a)[NF4T_NT][NF4T_LOAD], u32 lane, u32 lane4) {
+    float own[NF4T_RT][2];
+#pragma unroll
+    for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            own[rt][h] = kFull ? scale_finish_known<kNested>(s, G.raw[rt][h]) : ks_scale(s, G.raw[rt][h]);
+#pragma unroll
+    for (int u = 0; u < NF4T_U; ++u) {
+        float sc[NF4T_RT][2];
+#pragma unroll
+        for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                sc[rt][h] = NF4T_U == 1 ? own[rt][h] : __shfl_sync(0xffffffffu, own[rt][h], (lane & ~3u) | (u32)u);
+#pragma unroll
+        for (int nt = 0; nt < NF4T_NT; ++nt)
+#pragma unroll
+            for (int c = 0; c < NF4T_CH; ++c) lds128_if(a, nt, 4 * c, a_in[nt], a_lane + nt * 8 * pitch + (u * NF4T_CH + c) * 64);
+        float cp[NF4T_RT][NF4T_NT][4];
+        tc_window(G.w[u], a, lane4, cp);
+        tc_scale_add(acc, cp, sc);
+    }
+}
+
+// A warp's groups from kw to the slice's end; G holds the first group's loads. kFull: every row of the
+// warp is < N (the slice's last, partial group still takes the checked loads), kNested: the statistics
+// are nested (with kFull)
+template <bool kFull, bool kNested>
+__device__ __forceinline__ void rows_steps(RowsGroup& G, float (&acc)[NF4T_RT][NF4T_NT][4], const u8* __restrict__ B,
+                                           const Scales& s, u32 a_lane, u32 pitch,
+                                           const bool (&a_in)[NF4T_NT], u32 row0, u32 N, u32 K, u32 kw, u32 k_end,
+                                           u32 g, u32 t, u32 lane, u32 lane4) {
+    u32 a[NF4T_NT][NF4T_LOAD];
+#pragma unroll
+    for (int nt = 0; nt < NF4T_NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < NF4T_LOAD; ++i) a[nt][i] = 0u;
+    RowsCursor cur;
+    if (kFull) cur = rows_cursor(B, row0, K, g, t, kw + NF4T_GK);
+    for (; kw < k_end; kw += NF4T_GK, a_lane += 2 * NF4T_GK) {
+        const u32 kn = kw + NF4T_GK;
+#if NF4T_PREFETCH == 1
+        RowsGroup Gn;
+        if (kn < k_end) {
+            if (kFull && kn + NF4T_GK <= k_end) rows_load_full<kNested>(Gn, cur, s);
+            else rows_load(Gn, B, s, row0, N, K, k_end, g, t, kn);
+        }
+        rows_compute<kFull, kNested>(G, acc, s, a_lane, pitch, a_in, a, lane, lane4);
+        G = Gn;
+#else
+        rows_compute<kFull, kNested>(G, acc, s, a_lane, pitch, a_in, a, lane, lane4);
+        if (kn < k_end) {
+            if (kFull && kn + NF4T_GK <= k_end) rows_load_full<kNested>(G, cur, s);
+            else rows_load(G, B, s, row0, N, K, k_end, g, t, kn);
+        }
+#endif
+    }
+}
+
+extern "C" __global__ void
+nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
+            const u8* __restrict__ absmax_q, const float* __restrict__ code2, const float* __restrict__ absmax2,
+            const float* __restrict__ absmax_f, const float* __restrict__ offset_ptr,
+            const act_t* __restrict__ bias, act_t* __restrict__ out, float* __restrict__ ws,
+            u32* __restrict__ counters, u32 M, u32 N, u32 K, u32 log2_bs, u32 log2_g, u32 kper) {
+    Scales s;
+    s.absmax_q = absmax_q; s.code2 = code2; s.absmax2 = absmax2; s.absmax_f = absmax_f;
+    s.offset = offset_ptr != nullptr ? __ldg(offset_ptr) : 0.0f;
+    s.log2_bs = log2_bs; s.log2_g = log2_g;
+
+    const u32 warps = blockDim.x >> 5;
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 g = lane >> 2, t = lane & 3, lane4 = lane << 2;
+    const u32 row_first = blockIdx.x * warps * NF4T_RPW;
+    const u32 row0 = row_first + warp * NF4T_RPW;
+    const u32 m0 = blockIdx.z * NF4T_MTILE;
+    const u32 mrows = min((u32)NF4T_MTILE, M - m0);
+    const u32 k_begin = blockIdx.y * kper;
+    const u32 k_end = min(K, k_begin + kper);
+
+    // the first group's W and statistics are loaded before the tables are filled and A is staged
+    RowsGroup G;
+    if (row0 < N && k_begin < k_end) rows_load(G, B, s, row0, N, K, k_end, g, t, k_begin);
+    setup_tables();
+    if (code2 != nullptr)
+        for (u32 i = threadIdx.x; i < 256; i += blockDim.x) nf4t_code2[i] = __ldg(code2 + i);
+    // A's stage after lut pairx's table: the CTA's batch rows x the slice in whole groups (zeros past it)
+    unsigned char* a_st = nf4t_dyn + NF4T_DYN_TABLE;
+    const u32 pitch = tc_a_pitch(kper);
+    if (k_begin < k_end) {
+        const u32 len = k_end - k_begin;                                   // a multiple of 32 values
+        const u32 chunks = (len + NF4T_GK - 1) / NF4T_GK * NF4T_GK / 8u;
+        for (u32 i = threadIdx.x; i < mrows * chunks; i += blockDim.x) {
+            const u32 m = i / chunks, kk = (i % chunks) * 8u;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (kk < len) v = *reinterpret_cast<const uint4*>(A + (u64)(m0 + m) * K + k_begin + kk);
+            *reinterpret_cast<uint4*>(a_st + m * pitch + tc_a_slot(kk)) = v;
+        }
+    }
+    __syncthreads();
+
+    float acc[NF4T_RT][NF4T_NT][4];
+#pragma unroll
+    for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+        for (int nt = 0; nt < NF4T_NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
+    bool a_in[NF4T_NT];
+#pragma unroll
+    for (int nt = 0; nt < NF4T_NT; ++nt) a_in[nt] = nt * 8 + g < mrows;
+    const u32 a_lane = (u32)__cvta_generic_to_shared(a_st) + g * pitch + t * 16u;
+    if (row0 < N) {
+        if (row0 + NF4T_RPW > N)
+            rows_steps<false, false>(G, acc, B, s, a_lane, pitch, a_in, row0, N, K, k_begin, k_end, g, t, lane, lane4);
+        else if (absmax_f == nullptr)
+            rows_steps<true, true>(G, acc, B, s, a_lane, pitch, a_in, row0, N, K, k_begin, k_end, g, t, lane, lane4);
+        else
+            rows_steps<true, false>(G, acc, B, s, a_lane, pitch, a_in, row0, N, K, k_begin, k_end, g, t, lane, lane4);
+    }
+
+    // c0, c1: row g, batch rows 2t, 2t+1; c2, c3: row g + 8
+#pragma unroll
+    for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+        for (int nt = 0; nt < NF4T_NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const u32 n = row0 + rt * 16 + g + (i >= 2 ? 8u : 0u), m = nt * 8 + 2 * t + (i & 1);
+                if (n < N && m < mrows) emit(acc[rt][nt][i], m0 + m, n, N, bias, out, ws);
+            }
+    if (ws != nullptr) {
+        const u32 rows = min(warps * NF4T_RPW, N - row_first);
+        finish_split(blockIdx.z * gridDim.x + blockIdx.x, row_first, rows, m0, mrows, N, bias, out, ws, counters);
+    }
+}
+#elif NF4T_FEED == 1
 // ---- the bulk feed (NF4T_FEED 1): a producer warp (the CTA's last) fills a ring of NF4T_STAGES
 // chunks in shared memory; the consumer warps only read shared memory, decode and multiply.
 // A chunk is the tile's RPW rows x KC values of K (KC = consumer warps x NF4T_U windows: consumer warp

@@ -37,7 +37,7 @@ def test_space_count_parametrisation_and_neighbours(m):
 
 
 def test_paths_and_constraints():
-    assert {c.mma for c in MM.iter_space(dtype=["bf16"], quant=["nf4"], m=[8])} == {"simt", "mma", "mma-ks"}
+    assert {c.mma for c in MM.iter_space(dtype=["bf16"], quant=["nf4"], m=[8])} == {"simt", "mma", "mma-ks", "mma-rows"}
     assert {c.mma for c in MM.iter_space(dtype=["fp32"], quant=["nf4"], m=[8])} == {"simt"}   # no fp32 MMA
     with pytest.raises(InvalidConfig, match="scales every value"):
         MM.config(mma="mma", rows_per_warp=16, mtile=8, scale="block", m=8)
@@ -543,7 +543,73 @@ def test_simt_a_staged_lane_major_and_16_warp_ctas(compile_cache):
     h200 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
     plan = MatmulPlan(c, 1, 8192, 8192, 64, 256, h200, device="cpu")
     assert (plan.smem, plan.block, plan.grid) == (64 * 1024 + 8192 * 2, 512, (128, 1, 1))
-    with pytest.raises(InvalidConfig, match="SIMT path only"):
+    with pytest.raises(InvalidConfig, match="SIMT and row-tile tensor-core paths only"):
         MM.config(mma="mma-ks", rows_per_warp=16, mtile=8, scale="block", load_bytes=8, warps=16, m=1)
-    with pytest.raises(InvalidConfig, match="SIMT path only"):
+    with pytest.raises(InvalidConfig, match="SIMT and row-tile tensor-core paths only"):
         MM.config(mma="mma", rows_per_warp=16, mtile=8, scale="value", warps=16, m=8)
+
+
+def test_the_row_tile_tensor_core_path(compile_cache):
+    """mma-rows: mma-ks's operands and decode with each warp owning its row tiles over the CTA's K slice
+    and A staged in shared memory. Its knobs and refusals; the plan's grid, K slices of whole groups, the
+    stage (only the batch rows a launch has, rows a pitch of 64 mod 128 bytes apart) after the pair table,
+    and the refusals at plan time (a window must lie in one block; the stage must fit); the source's
+    three instantiations; the compiled shapes that fit two CTAs of 14 or 16 warps per SM without spills."""
+    from tuner.families.matmul import rows_registers, rows_stage_bytes
+    from tuner.kernel.compiler import compile_config
+
+    rows = dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=8, scale="block", astage="shared", lut="pairx")
+    c = MM.config(**rows, unroll=2, prefetch=1, warps=14, m=1)
+    assert c.warps == 14 and MM.config(**rows, warps=16, m=8).warps == 16
+    with pytest.raises(InvalidConfig, match="stages A in shared memory"):
+        MM.config(**dict(rows, astage="global"), m=1)
+    with pytest.raises(InvalidConfig, match="16-bit pair tables"):
+        MM.config(**dict(rows, lut="shared"), m=1)
+    with pytest.raises(InvalidConfig, match="knobs of the K-split tensor-core path"):
+        MM.config(**rows, persist=1, m=1)
+    with pytest.raises(InvalidConfig, match="knobs of the K-split tensor-core path"):
+        MM.config(**rows, stages=4, m=1)
+    with pytest.raises(InvalidConfig, match="16 or 32 rows per warp"):
+        MM.config(**dict(rows, rows_per_warp=64), m=1)
+    with pytest.raises(InvalidConfig, match="once per window"):
+        MM.config(**dict(rows, scale="value"), m=1)
+    with pytest.raises(InvalidConfig, match="fp32"):
+        MM.config(**rows, dtype="fp32", m=1)
+    with pytest.raises(InvalidConfig, match="wastes half the tensor core"):
+        MM.config(**dict(rows, mtile=16), m=8)
+    assert rows_registers(16, 32, 4, 1) == 2 * (4 * 2 * 2 * 4 + 2 * 2 * 2)
+    with pytest.raises(InvalidConfig, match="registers of loads in flight"):
+        MM.config(**dict(rows, load_bytes=16, rows_per_warp=32), unroll=4, prefetch=1, m=1)
+    assert {x.lut for x in MM.iter_space(dtype=["bf16"], quant=["nf4"], m=[1], mma=["mma-rows"])} == {"pair", "pairx"}
+
+    h200 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
+    p = MatmulPlan(c, 1, 28672, 8192, 64, 256, h200, device="cpu")
+    assert p.block == 14 * 32 and p.grid == (-(-28672 // (14 * 16)), 1, 1) and p.kper == 8192 and p.ws is None
+    assert p.smem == 64 * 1024 + (8192 * 2 + 64) == 64 * 1024 + rows_stage_bytes(8192, 1)
+    p = MatmulPlan(c.replace(ksplit=4), 5, 1001, 4160, 64, 256, h200, device="cpu")      # K not a multiple of 128
+    assert p.kper % (8 * 8 * 2) == 0 and p.splits * p.kper >= 4160 and (p.splits - 1) * p.kper < 4160
+    assert p.grid == (-(-1001 // 224), p.splits, 1) and p.counters.numel() == p.grid[0]
+    assert p.smem == 64 * 1024 + 5 * (-(-p.kper * 2 // 128) * 128 + 64)          # five batch rows, not eight
+    for kper in (64, 96, 1024, 1056, 8192):
+        assert (rows_stage_bytes(kper, 1) % 128) == 64                            # rows 64 mod 128 bytes apart
+    pair = MatmulPlan(c.replace(lut="pair"), 1, 4096, 4096, 64, 256, h200, device="cpu")
+    assert pair.smem == rows_stage_bytes(4096, 1)                                 # the pair table is static
+    with pytest.raises(UnsupportedInput, match="more than one block"):
+        MatmulPlan(c, 1, 4096, 4096, 32, 256, h200, device="cpu")                 # 64-value windows, blocks of 32
+    wide = c.replace(load_bytes=16, unroll=1)
+    assert MatmulPlan(wide, 1, 4096, 4096, 128, 256, h200, device="cpu").kper == 4096
+    with pytest.raises(UnsupportedInput, match="more than one block"):
+        MatmulPlan(wide, 1, 4096, 4096, 64, 256, h200, device="cpu")
+    big = MM.config(**dict(rows, mtile=16), warps=8, m=16)
+    with pytest.raises(UnsupportedInput, match="shared memory"):
+        MatmulPlan(big, 16, 4096, 28672, 64, 256, h200, device="cpu")            # 16 rows of 56 KiB of A
+    assert MatmulPlan(big.replace(ksplit=8), 16, 4096, 28672, 64, 256, h200, device="cpu").splits == 8
+
+    src = c.render()
+    for inst in ("rows_steps<false, false>", "rows_steps<true, true>", "rows_steps<true, false>"):
+        assert inst in src
+    assert "((kper * 2u + 127u) & ~127u) + 64u" in src                            # the plan's pitch
+    for cfg, warps in ((c, 14), (c.replace(unroll=4, prefetch=0, warps=16), 16),
+                       (c.replace(unroll=1, warps=16), 16)):
+        k = compile_config(cfg, "sm_90", cache_dir=compile_cache)
+        assert 2 * warps * 32 * k.registers <= 65536 and not k.spill_stores, (cfg.short(), k.registers)

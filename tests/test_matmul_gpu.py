@@ -119,6 +119,21 @@ CONFIGS = [
     # staged with 14-warp CTAs and split-K; A read per step, every value scaled, 8-byte loads, the batch tile
     (1, dict(load_bytes=16, rows_per_warp=4, mtile=1, warps=14, ksplit=2, lut="pairmix", astage="shared")),
     (2, dict(load_bytes=8, rows_per_warp=8, mtile=2, warps=4, ksplit=1, lut="pairmix", scale="value", prefetch=1)),
+    # tensor cores with warps owning row tiles (mma-rows: A staged in the operand order, a group's statistics
+    # shared by the quad): 14- and 16-warp CTAs against odd N (a warp past N, one partly past it), windows of
+    # 32 and 64 values (the 64-value ones refused at blocksize 32), groups of 1, 2 and 4 windows with and
+    # without the prefetch, both tables, split-K with a partial last group, 32-row warps, the 16-row batch
+    # tile, a batch tile only partly filled
+    (1, dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=8, warps=14, ksplit=1, scale="block",
+             lut="pairx", astage="shared", unroll=2, prefetch=1)),
+    (1, dict(mma="mma-rows", load_bytes=4, rows_per_warp=16, mtile=8, warps=16, ksplit=4, scale="block",
+             lut="pair", astage="shared", unroll=4, prefetch=1, wload="plain")),
+    (8, dict(mma="mma-rows", load_bytes=4, rows_per_warp=32, mtile=8, warps=4, ksplit=2, scale="block",
+             lut="pairx", astage="shared", unroll=1)),
+    (16, dict(mma="mma-rows", load_bytes=4, rows_per_warp=16, mtile=16, warps=8, ksplit=2, scale="block",
+              lut="pair", astage="shared", unroll=2, prefetch=1)),
+    (4, dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=8, warps=16, ksplit=1, scale="block",
+             lut="pairx", astage="shared", unroll=4)),
 ]
 
 
@@ -133,6 +148,9 @@ def test_every_path_passes_the_gate(seed, m, knobs, dtype):
         prob = P(1000, 2048, m, dtype, quant, bs)
         c = MM.config(**knobs, dtype=dtype, quant=quant, m=m)
         r = check_config(c, prob, seed=seed)
+        if c.mma == "mma-rows" and 8 * c.load_bytes > bs:       # a window would span two blocks: refused
+            assert not r.ok and "more than one block" in r.reason, r.reason
+            continue
         assert r.ok, f"{c.short()} {prob.label()}: {r.reason}"
         assert len(r.checked) == 3
 
@@ -144,7 +162,8 @@ def test_large_k_and_the_five_target_shapes(seed):
                          (16, CONFIGS[28][1]), (1, CONFIGS[29][1]), (16, CONFIGS[30][1]), (2, CONFIGS[31][1]),
                          (1, CONFIGS[32][1]), (1, CONFIGS[33][1]), (1, CONFIGS[34][1]), (2, CONFIGS[35][1]),
                          (1, CONFIGS[36][1]), (2, CONFIGS[37][1]), (1, CONFIGS[38][1]), (2, CONFIGS[39][1]),
-                         (1, CONFIGS[40][1]), (2, CONFIGS[41][1])):
+                         (1, CONFIGS[40][1]), (2, CONFIGS[41][1]), (1, CONFIGS[42][1]), (1, CONFIGS[43][1]),
+                         (8, CONFIGS[44][1]), (4, CONFIGS[46][1])):
             c = MM.config(**knobs, dtype="bf16", quant="nf4", m=m)
             r = check_config(c, P(n, k, m), seed=seed)
             assert r.ok, f"{c.short()} {n}x{k}: {r.reason}"
@@ -169,7 +188,7 @@ def test_plain_absmax(seed):
                   CONFIGS[14][1], CONFIGS[17][1], dict(CONFIGS[18][1], mtile=8), CONFIGS[19][1], CONFIGS[20][1],
                   CONFIGS[23][1], CONFIGS[25][1], CONFIGS[26][1], dict(CONFIGS[28][1], mtile=8), CONFIGS[29][1],
                   dict(CONFIGS[30][1], mtile=8), CONFIGS[31][1], CONFIGS[32][1], CONFIGS[33][1], CONFIGS[36][1],
-                  CONFIGS[37][1], CONFIGS[40][1], CONFIGS[41][1]):
+                  CONFIGS[37][1], CONFIGS[40][1], CONFIGS[41][1], CONFIGS[42][1], CONFIGS[43][1], CONFIGS[44][1]):
         c = MM.config(**knobs, m=8 if knobs.get("mma") == "mma" else 2)
         out = MM.new_output(plain)
         bind(load_kernel(c), plain, out)()

@@ -43,6 +43,10 @@ DYN_TABLE_LUTS = ("pairx", "pairf", "pairmix")
 DYN_TABLE_BYTES = 256 * 256
 #: the LUTs that decode to float pairs for the CUDA cores' FMAs: the SIMT path only
 FLOAT_PAIR_LUTS = ("pairf", "pairmix")
+#: the LUTs of the row-tile tensor-core path (mma-rows): the 16-bit pair tables
+ROWS_LUTS = ("pair", "pairx")
+#: the row-tile tensor-core path's registers of loads in flight, at most
+ROWS_MAX_LOAD_REGISTERS = 48
 
 
 def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
@@ -55,6 +59,16 @@ def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
             return "the tensor-core path tiles the batch by 8 or 16 (n8 tiles)"
         if scale != "value":
             return "the tensor-core path scales every value (the weight is rounded as bnb's dequantize rounds it)"
+        if dtype == "fp32":
+            return "no tensor-core path for fp32 activations"
+        return None
+    if mma == "mma-rows":
+        if rows_per_warp not in (16, 32):
+            return "the row-tile tensor-core path takes 16 or 32 rows per warp (m16 tiles)"
+        if mtile not in (8, 16):
+            return "the row-tile tensor-core path tiles the batch by 8 or 16 (n8 tiles)"
+        if scale != "block":
+            return "the row-tile tensor-core path scales once per window (a window lies in one block)"
         if dtype == "fp32":
             return "no tensor-core path for fp32 activations"
         return None
@@ -96,6 +110,22 @@ def ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch, stages=0, f
         return 2 * unroll * nt * load_bytes
     per_window = rt * 2 * words + (1 if stats == "tile" else rt * 4) + nt * load_bytes
     return (1 + prefetch) * unroll * per_window
+
+
+def rows_registers(load_bytes, rows_per_warp, unroll, prefetch) -> int:
+    """32-bit registers the row-tile tensor-core path (mma-rows) holds for its loads in flight: per
+    group, W of ``unroll`` windows (rows g and g+8 of each m16 tile) and one block's raw statistics per
+    row; twice that with the prefetch. A is read from its shared-memory stage window by window."""
+    words = max(1, load_bytes // 4)
+    rt = rows_per_warp // 16
+    return (1 + prefetch) * (unroll * rt * 2 * words + rt * 2 * 2)
+
+
+def rows_stage_bytes(kper, arows, act_bytes=2) -> int:
+    """The row-tile tensor-core path's stage of A: ``arows`` batch rows of the K slice in the operand
+    order, a row's 2 x kper bytes rounded up to 128 plus 64 (gemv4.cu's tc_a_pitch: a quarter warp's
+    two quads then hit all 32 banks)."""
+    return arows * (-(-kper * act_bytes // 128) * 128 + 64)
 
 
 def scale_table_bytes(rows_per_warp, kper, blocksize) -> int:
@@ -142,9 +172,18 @@ def bulk_ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps, arows) -> 
 
 
 def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, persist, prefetch, stages, feed, stats):
+    if mma == "mma-rows":
+        if persist or stages or feed != "lanes" or stats != "lanes":
+            return "persist, stages, feed and stats are knobs of the K-split tensor-core path (mma-ks)"
+        if astage != "shared":
+            return "the row-tile tensor-core path stages A in shared memory (astage shared)"
+        regs = rows_registers(load_bytes, rows_per_warp, unroll, prefetch)
+        if regs > ROWS_MAX_LOAD_REGISTERS:
+            return f"{regs} registers of loads in flight exceed {ROWS_MAX_LOAD_REGISTERS} (mma-rows)"
+        return None
     if mma != "mma-ks":
         if unroll != 1 or persist or stages or feed != "lanes" or stats != "lanes":
-            return "unroll, persist, stages, feed and stats are knobs of the K-split tensor-core path"
+            return "unroll, persist, stages, feed and stats are knobs of the K-split tensor-core path (unroll also of mma-rows)"
         return None
     if stats == "tile" and feed == "bulk":
         return "the tile's scale table (stats tile) is not a structure of the bulk feed (it copies the statistics)"
@@ -173,6 +212,8 @@ def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, pers
 
 
 def _lut_path(mma, lut, dtype):
+    if mma == "mma-rows" and lut not in ROWS_LUTS:
+        return f"the row-tile tensor-core path decodes through the 16-bit pair tables ({', '.join(ROWS_LUTS)})"
     if lut in PAIR16_LUTS and (mma == "mma" or dtype == "fp32"):
         return (f"lut {lut} decodes to 16-bit operand pairs: the K-split tensor-core path and SIMT, with bf16 or "
                 "fp16 activations")
@@ -189,8 +230,8 @@ def rounded_codes(config) -> bool:
 
 
 def _warps_path(mma, warps):
-    if warps > 8 and mma != "simt":
-        return f"{warps} warps per CTA: the SIMT path only"
+    if warps > 8 and mma not in ("simt", "mma-rows"):
+        return f"{warps} warps per CTA: the SIMT and row-tile tensor-core paths only"
     return None
 
 
@@ -274,13 +315,16 @@ class MatmulPlan:
         self.ring = c.stages > 0 and c.stats != "tile"     # statistics copied in aligned 4-byte words (check_stats)
         self.M, self.N, self.K = M, N, K
         self.blocksize, self.groupsize = blocksize, groupsize
+        if c.mma == "mma-rows" and 8 * c.load_bytes > blocksize:
+            raise UnsupportedInput(f"{c.short()}: a window of {8 * c.load_bytes} values spans more than one block of "
+                                   f"{blocksize} (the row-tile tensor-core path scales a window once)")
         if c.mma == "mma-ks":
             kit = 8 * c.load_bytes                              # K per window (a quad of lanes)
             if c.feed == "bulk":
                 kit = bulk_chunk(c.load_bytes, c.warps, c.unroll)   # split-K slices of whole chunks
             rows_per_cta = c.rows_per_warp
         else:
-            kit = 128 if c.mma == "mma" else 64 * c.load_bytes    # K per warp iteration
+            kit = {"mma": 128, "mma-rows": 8 * c.load_bytes * c.unroll}.get(c.mma, 64 * c.load_bytes)  # K per step
             rows_per_cta = c.warps * c.rows_per_warp
         kper = -(-(-(-K // c.ksplit)) // kit) * kit
         self.kper = kper
@@ -310,6 +354,16 @@ class MatmulPlan:
                                        f"{lut_table}, partial sums {sums}, ring {ring}, scale table {table}) beside "
                                        f"{static} of static tables exceed the device's "
                                        f"{limits.smem_per_block_optin} per block")
+        elif c.mma == "mma-rows":
+            # (the lut table,) A's stage: the batch rows this launch has (at most the tile's)
+            staged = rows_stage_bytes(kper, min(c.mtile, M), act_bytes)
+            self.smem = lut_table + staged
+            static = 64 + 1024 + (256 * 32 * 4 if c.lut == "pair" else 0)      # 16-entry lut, code2, pair table
+            if self.smem + static > limits.smem_per_block_optin:
+                raise UnsupportedInput(f"{c.short()}: {self.smem} bytes of dynamic shared memory (A staged: "
+                                       f"{staged}, lut table: {lut_table}) beside {static} of static tables "
+                                       f"exceed the device's {limits.smem_per_block_optin} per block at K per "
+                                       f"split {kper}")
         else:
             # (the lut table, which then needs the opt-in,) A staged in shared memory
             staged = c.mtile * kper * act_bytes if c.astage == "shared" else 0
@@ -424,17 +478,19 @@ class MatmulFamily(Family):
     kernel_name = "nf4t_matmul"
     title = "bnb's grad-free matmul_4bit (decode, M = 1..64) fused from the packed weight"
     knobs = (
-        Knob("mma", ("simt", "mma", "mma-ks"), "source", "NF4T_MMA",
+        Knob("mma", ("simt", "mma", "mma-ks", "mma-rows"), "source", "NF4T_MMA",
              help="simt: fp32 FMAs on CUDA cores; mma: tensor cores (mma.sync m16n8k16, batch padded to 8/16), "
                   "a warp per row tile; mma-ks: tensor cores with W rows as the mma's M, the CTA's warps "
-                  "splitting K, 16-bit code pairs and one scale multiply per block"),
+                  "splitting K, 16-bit code pairs and one scale multiply per block; mma-rows: mma-ks's "
+                  "operands and decode, each warp owning its row tiles over the CTA's K slice, A staged in "
+                  "shared memory once per CTA, a window's statistics loaded once per row"),
         Knob("load_bytes", (4, 8, 16), "source", "NF4T_LOAD", label="{}B",
              help="bytes of W one lane loads per row per step (8, 16 or 32 values)"),
         Knob("rows_per_warp", (1, 2, 4, 8, 16, 32, 64), "source", "NF4T_RPW", label="r{}",
              help="rows of W per warp (SIMT: loads in flight; MMA: m16 tiles), all reusing one load of A"),
         Knob("mtile", (1, 2, 4, 8, 16), "source", "NF4T_MTILE", label="m{}", help="rows of A per CTA"),
         Knob("warps", (1, 2, 4, 8, 12, 14, 16), "launch", label="w{}",
-             help="warps per CTA (12, 14, 16: SIMT only, one pair table and one stage of A for more warps; 12 and 14 "
+             help="warps per CTA (12, 14, 16: SIMT and mma-rows only, one pair table and one stage of A for more warps; 12 and 14 "
                   "change how many rows a wave of resident CTAs covers, and so the last wave's fill)"),
         Knob("ksplit", (1, 2, 4, 8, 16), "launch", label="k/{}",
              help="split-K: slices of K over CTAs, summed by fp32 atomics, the last CTA finishing the tile"),
@@ -455,7 +511,7 @@ class MatmulFamily(Family):
         Knob("prefetch", (0, 1), "source", "NF4T_PREFETCH", label="pf{}",
              help="SIMT and mma-ks: load the next step's W and statistics before computing the current one"),
         Knob("unroll", (1, 2, 4), "source", "NF4T_UNROLL", label="u{}",
-             help="mma-ks: windows of K whose loads are all issued before the first is used"),
+             help="mma-ks, mma-rows: windows of K whose loads are all issued before the first is used"),
         Knob("persist", (0, 1), "source", "NF4T_PERSIST", label="p{}",
              help="mma-ks: a few CTAs per SM loop over the row tiles (tables filled once per CTA)"),
         Knob("stages", (0, 2, 4), "source", "NF4T_STAGES", label="st{}",
@@ -486,8 +542,8 @@ class MatmulFamily(Family):
         "mma: load_bytes 16, rows_per_warp 16/32/64, mtile 8/16, scale value, dtype bf16/fp16",
         "simt: rows_per_warp <= 32, mtile <= 8, mtile*2*load_bytes <= 64 registers of A, "
         "rows_per_warp*load_bytes <= 128 bytes in flight, mtile*rows_per_warp <= 32 accumulators",
-        "simt: mtile <= the batch bucket m; mma, mma-ks: mtile 8 when m <= 8",
-        "warps 12, 14, 16: simt only",
+        "simt: mtile <= the batch bucket m; mma, mma-ks, mma-rows: mtile 8 when m <= 8",
+        "warps 12, 14, 16: simt and mma-rows only",
         "mma-ks: rows_per_warp 16/32 (rows per CTA), mtile 8/16, scale block, A global, dtype bf16/fp16, "
         "warps*rows*mtile <= 2048, loads in flight <= 128 registers, the ring (stages) <= 160 KiB and without "
         "prefetch; the bulk feed with stages; stats tile not with the bulk feed; unroll, persist, stages, feed, "
@@ -495,6 +551,9 @@ class MatmulFamily(Family):
         "lut prmt/pairx: mma-ks or simt, bf16/fp16 (16-bit code pairs; simt's pairx table needs the shared-memory opt-in)",
         "lut pairf: simt only (float pairs; its table needs the shared-memory opt-in)",
         "lut pairmix: simt only, bf16/fp16 (float and 16-bit pairs; its table needs the shared-memory opt-in)",
+        "mma-rows: rows_per_warp 16/32 (rows per warp), mtile 8/16, scale block, A shared, lut pair/pairx, "
+        f"dtype bf16/fp16, loads in flight <= {ROWS_MAX_LOAD_REGISTERS} registers; warps up to 16; unroll, no "
+        "persist/stages/feed/stats; plan time: 8 x load_bytes <= blocksize, A's stage fits the opt-in",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
