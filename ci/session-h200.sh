@@ -56,9 +56,24 @@ A14='{"load_bytes":8,"rows_per_warp":4,"warps":16,"ksplit":1,"lut":"pairx","pref
 A15='{"load_bytes":16,"rows_per_warp":2,"warps":16,"ksplit":1,"lut":"pairx","prefetch":1,'"$SA"'}'
 A16='{"load_bytes":16,"rows_per_warp":4,"warps":14,"ksplit":1,"lut":"pairmix",'"$SA"'}'
 A17='{"load_bytes":16,"rows_per_warp":4,"warps":16,"ksplit":4,"lut":"pairx",'"$SA"'}'
-export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5|$P1|$P2|$A1|$A2|$A3|$A4|$A5|$A6|$A7|$A8|$A9|$A10|$A11|$A12|$A13|$A14|$A15|$A16|$A17"
-export MM_CANDIDATES_8="$K1|$K2|$K3|$K4"
-export MM_CANDIDATES_16="$L1|$L2|$L3|$M16"
+# ... the tensor cores with warps owning row tiles (session 10, mma-rows: mma-ks's decode, A staged once
+# per CTA, a window's statistics loaded once per row; about 4 SASS instructions per packed byte and lane in
+# the loop against SIMT's 8): 14- and 16-warp CTAs of 16-row warps, groups of 1-4 windows with and without
+# the prefetch; the static pair table and split-K where a batch of 8 or 16 rows of A is staged
+RW='"mma":"mma-rows","astage":"shared","scale":"block","wload":"stream","rows_per_warp":16'
+R1="{$RW,\"load_bytes\":8,\"mtile\":8,\"warps\":14,\"ksplit\":1,\"unroll\":2,\"prefetch\":1,\"lut\":\"pairx\"}"
+R2="{$RW,\"load_bytes\":8,\"mtile\":8,\"warps\":16,\"ksplit\":1,\"unroll\":4,\"lut\":\"pairx\"}"
+R3="{$RW,\"load_bytes\":8,\"mtile\":8,\"warps\":16,\"ksplit\":1,\"unroll\":1,\"prefetch\":1,\"lut\":\"pairx\"}"
+R4="{$RW,\"load_bytes\":8,\"mtile\":8,\"warps\":14,\"ksplit\":2,\"unroll\":2,\"prefetch\":1,\"lut\":\"pairx\"}"
+R5="{$RW,\"load_bytes\":8,\"mtile\":8,\"warps\":16,\"ksplit\":4,\"unroll\":2,\"prefetch\":1,\"lut\":\"pair\"}"
+R6="{$RW,\"load_bytes\":4,\"mtile\":8,\"warps\":16,\"ksplit\":1,\"unroll\":4,\"prefetch\":1,\"lut\":\"pair\"}"
+R7="{$RW,\"load_bytes\":8,\"mtile\":8,\"warps\":14,\"ksplit\":2,\"unroll\":2,\"prefetch\":1,\"lut\":\"pair\"}"
+R8="{$RW,\"load_bytes\":8,\"mtile\":8,\"warps\":16,\"ksplit\":4,\"unroll\":4,\"lut\":\"pair\"}"
+R9="{$RW,\"load_bytes\":8,\"mtile\":16,\"warps\":8,\"ksplit\":4,\"unroll\":1,\"prefetch\":1,\"lut\":\"pair\"}"
+R10="{$RW,\"load_bytes\":4,\"mtile\":16,\"warps\":16,\"ksplit\":4,\"unroll\":2,\"lut\":\"pair\"}"
+export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5|$P1|$P2|$A1|$A2|$A3|$A4|$A5|$A6|$A7|$A8|$A9|$A10|$A11|$A12|$A13|$A14|$A15|$A16|$A17|$R1|$R2|$R3|$R4|$R5|$R6"
+export MM_CANDIDATES_8="$K1|$K2|$K3|$K4|$R5|$R7|$R8"
+export MM_CANDIDATES_16="$L1|$L2|$L3|$M16|$R9|$R10"
 export MM_CANDIDATES_32="$L1|$L2|$L3|$M16"
 export MM_TABLE_BUCKETS="${MM_TABLE_BUCKETS:-1 8 16 32}" MM_TABLE="${MM_TABLE:-$OUT/matmul-configs.json}" MM_BENCH_BUCKETS="${MM_BENCH_BUCKETS:-1 8 16 32 64}"
 t0=$(date +%s)

@@ -23,6 +23,9 @@
 //                rounds it (fl(lut * scale), round to nearest even) and accumulated in fp32.
 //                K is permuted consistently on both operands (lane (g, t) takes K run t*32 of
 //                each 128-wide window), so the weights are loaded with 16-byte loads as they lie.
+//                2 tensor cores with W rows as the mma's M, the CTA's warps splitting K (mma-ks);
+//                3 the same operands with each warp owning its row tiles over the CTA's K slice and
+//                A staged in shared memory (mma-rows); each has its section below.
 //   NF4T_LOAD    bytes of W one lane loads per row per k-iteration: 4, 8 or 16 (one load of that
 //                width; 8, 16 or 32 values). The MMA path loads 16.
 //   NF4T_RPW     rows of W per warp: SIMT 1..32 (all their loads issued before first use: more
@@ -1571,7 +1574,7 @@ __device__ __forceinline__ void rows_load_full(RowsGroup& G, RowsCursor& c, cons
 // (the mma's column of a batch row past M only reaches outputs that are never written), so no zeros
 // are moved in
 __device__ __forceinline__ void lds128_if(u32 (&v)[NF4T_NT][NF4T_LOAD], int nt, int i, bool in, u32 addr) {
-    asm("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %4, 0;\n\t@p ld.shared.v4.u32 {%0, %1, %2, %3}, [%5];\n\t}"
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %4, 0;\n\t@p ld.shared.v4.u32 {%0, %1, %2, %3}, [%5];\n\t}"
         : "+r"(v[nt][i]), "+r"(v[nt][i + 1]), "+r"(v[nt][i + 2]), "+r"(v[nt][i + 3]) : "r"((u32)in), "r"(addr));
 }
 
