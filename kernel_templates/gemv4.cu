@@ -498,6 +498,23 @@ struct Scales {
     u32 log2_bs, log2_g;
 };
 
+__device__ __forceinline__ Scales make_scales(const u8* absmax_q, const float* code2, const float* absmax2,
+                                              const float* absmax_f, const float* offset_ptr, u32 log2_bs, u32 log2_g) {
+    Scales s;
+    s.absmax_q = absmax_q; s.code2 = code2; s.absmax2 = absmax2; s.absmax_f = absmax_f;
+    s.offset = offset_ptr != nullptr ? __ldg(offset_ptr) : 0.0f;
+    s.log2_bs = log2_bs; s.log2_g = log2_g;
+    return s;
+}
+
+// The kernel's parameters, the same on every path (tuner/families/matmul.py: MatmulPlan.PARAM_KINDS)
+#define NF4T_MATMUL_PARAMS                                                                                       \
+    const act_t* __restrict__ A, const u8* __restrict__ B, const u8* __restrict__ absmax_q,                    \
+        const float* __restrict__ code2, const float* __restrict__ absmax2, const float* __restrict__ absmax_f, \
+        const float* __restrict__ offset_ptr, const act_t* __restrict__ bias, act_t* __restrict__ out,          \
+        float* __restrict__ ws, u32* __restrict__ counters, u32 M, u32 N, u32 K, u32 log2_bs, u32 log2_g,      \
+        u32 kper
+
 __device__ __forceinline__ float scale_of(const Scales& s, u32 e) {  // e = n*K + k
     const u32 b = e >> s.log2_bs;
     if (s.absmax_f != nullptr) return __ldg(s.absmax_f + b);
@@ -809,17 +826,9 @@ __device__ __forceinline__ void simt_steps(const Decoder& dec, const act_t* __re
     }
 }
 
-extern "C" __global__ void
-nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
-            const u8* __restrict__ absmax_q, const float* __restrict__ code2, const float* __restrict__ absmax2,
-            const float* __restrict__ absmax_f, const float* __restrict__ offset_ptr,
-            const act_t* __restrict__ bias, act_t* __restrict__ out, float* __restrict__ ws,
-            u32* __restrict__ counters, u32 M, u32 N, u32 K, u32 log2_bs, u32 log2_g, u32 kper) {
+extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     const Decoder dec = make_decoder();
-    Scales s;
-    s.absmax_q = absmax_q; s.code2 = code2; s.absmax2 = absmax2; s.absmax_f = absmax_f;
-    s.offset = offset_ptr != nullptr ? __ldg(offset_ptr) : 0.0f;
-    s.log2_bs = log2_bs; s.log2_g = log2_g;
+    Scales s = make_scales(absmax_q, code2, absmax2, absmax_f, offset_ptr, log2_bs, log2_g);
 
     const u32 warps = blockDim.x >> 5;
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -915,18 +924,10 @@ __device__ __forceinline__ u32 word_of(const uint4& v, int j) {   // the word ho
     return j < 4 ? v.x : j < 8 ? v.y : j < 12 ? v.z : v.w;
 }
 
-extern "C" __global__ void
-nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
-            const u8* __restrict__ absmax_q, const float* __restrict__ code2, const float* __restrict__ absmax2,
-            const float* __restrict__ absmax_f, const float* __restrict__ offset_ptr,
-            const act_t* __restrict__ bias, act_t* __restrict__ out, float* __restrict__ ws,
-            u32* __restrict__ counters, u32 M, u32 N, u32 K, u32 log2_bs, u32 log2_g, u32 kper) {
+extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     setup_tables();
     const Decoder dec = make_decoder();
-    Scales s;
-    s.absmax_q = absmax_q; s.code2 = code2; s.absmax2 = absmax2; s.absmax_f = absmax_f;
-    s.offset = offset_ptr != nullptr ? __ldg(offset_ptr) : 0.0f;
-    s.log2_bs = log2_bs; s.log2_g = log2_g;
+    Scales s = make_scales(absmax_q, code2, absmax2, absmax_f, offset_ptr, log2_bs, log2_g);
 
     const u32 warps = blockDim.x >> 5;
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1291,6 +1292,40 @@ __device__ __forceinline__ void ks_fill_scales(float* tab, const Scales& s, u32 
 }
 #endif
 
+// One window on the tensor cores: cp += the code pairs of W's row tiles (lane (g, t): rows g and g + 8 of
+// each tile, its run of the window) times the batch tiles' runs of A (the lane's batch row g, the same
+// run), for windows that lie in one block (the scale follows, tc_scale_add)
+__device__ __forceinline__ void tc_window_mma(const u32 (&w)[NF4T_RT][2][NF4T_WWORDS],
+                                              const u32 (&a)[NF4T_NT][NF4T_LOAD], u32 lane4,
+                                              float (&cp)[NF4T_RT][NF4T_NT][4]) {
+#pragma unroll
+    for (int st = 0; st < NF4T_LOAD / 2; ++st) {
+#pragma unroll
+        for (int rt = 0; rt < NF4T_RT; ++rt) {
+            const u32 a0 = pair16(w[rt][0][(2 * st) >> 2], 2 * st, lane4);
+            const u32 a1 = pair16(w[rt][1][(2 * st) >> 2], 2 * st, lane4);
+            const u32 a2 = pair16(w[rt][0][(2 * st + 1) >> 2], 2 * st + 1, lane4);
+            const u32 a3 = pair16(w[rt][1][(2 * st + 1) >> 2], 2 * st + 1, lane4);
+#pragma unroll
+            for (int nt = 0; nt < NF4T_NT; ++nt) mma16816(cp[rt][nt], a0, a1, a2, a3, a[nt][2 * st], a[nt][2 * st + 1]);
+        }
+    }
+}
+
+// acc += the block's scale x a window's sums: sc[rt][0] for row g (c0, c1), sc[rt][1] for row g + 8 (c2, c3)
+__device__ __forceinline__ void tc_scale_add(float (&acc)[NF4T_RT][NF4T_NT][4], const float (&cp)[NF4T_RT][NF4T_NT][4],
+                                             const float (&sc)[NF4T_RT][2]) {
+#pragma unroll
+    for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+        for (int nt = 0; nt < NF4T_NT; ++nt) {
+            acc[rt][nt][0] = fmaf(sc[rt][0], cp[rt][nt][0], acc[rt][nt][0]);
+            acc[rt][nt][1] = fmaf(sc[rt][0], cp[rt][nt][1], acc[rt][nt][1]);
+            acc[rt][nt][2] = fmaf(sc[rt][1], cp[rt][nt][2], acc[rt][nt][2]);
+            acc[rt][nt][3] = fmaf(sc[rt][1], cp[rt][nt][3], acc[rt][nt][3]);
+        }
+}
+
 // stab (NF4T_STATS 1): the tile's scale table, offset to block column 0 and to the lane's row g
 __device__ __forceinline__ void ks_compute(const KsGroup& G, float (&acc)[NF4T_RT][NF4T_NT][4], const Scales& s,
                                            u32 nb, u32 sub, u32 lane, u32 lane4, const float* stab) {
@@ -1315,19 +1350,7 @@ __device__ __forceinline__ void ks_compute(const KsGroup& G, float (&acc)[NF4T_R
                 for (int nt = 0; nt < NF4T_NT; ++nt)
 #pragma unroll
                     for (int i = 0; i < 4; ++i) cp[rt][nt][i] = 0.0f;
-#pragma unroll
-            for (int st = 0; st < NF4T_LOAD / 2; ++st) {
-#pragma unroll
-                for (int rt = 0; rt < NF4T_RT; ++rt) {
-                    const u32 a0 = pair16(G.w[u][rt][0][(2 * st) >> 2], 2 * st, lane4);
-                    const u32 a1 = pair16(G.w[u][rt][1][(2 * st) >> 2], 2 * st, lane4);
-                    const u32 a2 = pair16(G.w[u][rt][0][(2 * st + 1) >> 2], 2 * st + 1, lane4);
-                    const u32 a3 = pair16(G.w[u][rt][1][(2 * st + 1) >> 2], 2 * st + 1, lane4);
-#pragma unroll
-                    for (int nt = 0; nt < NF4T_NT; ++nt)
-                        mma16816(cp[rt][nt], a0, a1, a2, a3, G.a[u][nt][2 * st], G.a[u][nt][2 * st + 1]);
-                }
-            }
+            tc_window_mma(G.w[u], G.a[u], lane4, cp);
 #pragma unroll
             for (int rt = 0; rt < NF4T_RT; ++rt)
 #pragma unroll
@@ -1442,43 +1465,13 @@ __device__ __forceinline__ void ks_epilogue(const float (&acc)[NF4T_RT][NF4T_NT]
 #define NF4T_GK (NF4T_U * NF4T_WIN)     // K per group
 #define NF4T_CH (NF4T_LOAD / 4)         // 16-byte chunks (8 values) of A in a lane's run
 
-// One window on the tensor cores: cp = the code pairs of W's row tiles (lane (g, t): rows g and g + 8 of
-// each tile, its run of the window) times the batch tiles' runs of A (the lane's batch row g, the same
-// run), for windows that lie in one block (the scale follows, tc_scale_add)
-__device__ __forceinline__ void tc_window(const u32 (&w)[NF4T_RT][2][NF4T_WWORDS], const u32 (&a)[NF4T_NT][NF4T_LOAD],
-                                          u32 lane4, float (&cp)[NF4T_RT][NF4T_NT][4]) {
+__device__ __forceinline__ void tc_zero(float (&c)[NF4T_RT][NF4T_NT][4]) {
 #pragma unroll
     for (int rt = 0; rt < NF4T_RT; ++rt)
 #pragma unroll
         for (int nt = 0; nt < NF4T_NT; ++nt)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) cp[rt][nt][i] = 0.0f;
-#pragma unroll
-    for (int st = 0; st < NF4T_LOAD / 2; ++st) {
-#pragma unroll
-        for (int rt = 0; rt < NF4T_RT; ++rt) {
-            const u32 a0 = pair16(w[rt][0][(2 * st) >> 2], 2 * st, lane4);
-            const u32 a1 = pair16(w[rt][1][(2 * st) >> 2], 2 * st, lane4);
-            const u32 a2 = pair16(w[rt][0][(2 * st + 1) >> 2], 2 * st + 1, lane4);
-            const u32 a3 = pair16(w[rt][1][(2 * st + 1) >> 2], 2 * st + 1, lane4);
-#pragma unroll
-            for (int nt = 0; nt < NF4T_NT; ++nt) mma16816(cp[rt][nt], a0, a1, a2, a3, a[nt][2 * st], a[nt][2 * st + 1]);
-        }
-    }
-}
-
-// acc += the block's scale x a window's sums: sc[rt][0] for row g (c0, c1), sc[rt][1] for row g + 8 (c2, c3)
-__device__ __forceinline__ void tc_scale_add(float (&acc)[NF4T_RT][NF4T_NT][4], const float (&cp)[NF4T_RT][NF4T_NT][4],
-                                             const float (&sc)[NF4T_RT][2]) {
-#pragma unroll
-    for (int rt = 0; rt < NF4T_RT; ++rt)
-#pragma unroll
-        for (int nt = 0; nt < NF4T_NT; ++nt) {
-            acc[rt][nt][0] = fmaf(sc[rt][0], cp[rt][nt][0], acc[rt][nt][0]);
-            acc[rt][nt][1] = fmaf(sc[rt][0], cp[rt][nt][1], acc[rt][nt][1]);
-            acc[rt][nt][2] = fmaf(sc[rt][1], cp[rt][nt][2], acc[rt][nt][2]);
-            acc[rt][nt][3] = fmaf(sc[rt][1], cp[rt][nt][3], acc[rt][nt][3]);
-        }
+            for (int i = 0; i < 4; ++i) c[rt][nt][i] = 0.0f;
 }
 
 struct RowsGroup {
@@ -1604,7 +1597,8 @@ __device__ __forceinline__ void rows_compute(const RowsGroup& G, float (&acc)[NF
 #pragma unroll
             for (int c = 0; c < NF4T_CH; ++c) lds128_if(a, nt, 4 * c, a_in[nt], a_lane + nt * 8 * pitch + (u * NF4T_CH + c) * 64);
         float cp[NF4T_RT][NF4T_NT][4];
-        tc_window(G.w[u], a, lane4, cp);
+        tc_zero(cp);
+        tc_window_mma(G.w[u], a, lane4, cp);
         tc_scale_add(acc, cp, sc);
     }
 }
@@ -1644,16 +1638,8 @@ __device__ __forceinline__ void rows_steps(RowsGroup& G, float (&acc)[NF4T_RT][N
     }
 }
 
-extern "C" __global__ void
-nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
-            const u8* __restrict__ absmax_q, const float* __restrict__ code2, const float* __restrict__ absmax2,
-            const float* __restrict__ absmax_f, const float* __restrict__ offset_ptr,
-            const act_t* __restrict__ bias, act_t* __restrict__ out, float* __restrict__ ws,
-            u32* __restrict__ counters, u32 M, u32 N, u32 K, u32 log2_bs, u32 log2_g, u32 kper) {
-    Scales s;
-    s.absmax_q = absmax_q; s.code2 = code2; s.absmax2 = absmax2; s.absmax_f = absmax_f;
-    s.offset = offset_ptr != nullptr ? __ldg(offset_ptr) : 0.0f;
-    s.log2_bs = log2_bs; s.log2_g = log2_g;
+extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
+    Scales s = make_scales(absmax_q, code2, absmax2, absmax_f, offset_ptr, log2_bs, log2_g);
 
     const u32 warps = blockDim.x >> 5;
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1687,12 +1673,7 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     __syncthreads();
 
     float acc[NF4T_RT][NF4T_NT][4];
-#pragma unroll
-    for (int rt = 0; rt < NF4T_RT; ++rt)
-#pragma unroll
-        for (int nt = 0; nt < NF4T_NT; ++nt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
+    tc_zero(acc);
     bool a_in[NF4T_NT];
 #pragma unroll
     for (int nt = 0; nt < NF4T_NT; ++nt) a_in[nt] = nt * 8 + g < mrows;
@@ -1896,16 +1877,8 @@ __device__ __forceinline__ void bulk_consume(KsGroup& Gr, u32 w, const BulkGeome
     }
 }
 
-extern "C" __global__ void
-nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
-            const u8* __restrict__ absmax_q, const float* __restrict__ code2, const float* __restrict__ absmax2,
-            const float* __restrict__ absmax_f, const float* __restrict__ offset_ptr,
-            const act_t* __restrict__ bias, act_t* __restrict__ out, float* __restrict__ ws,
-            u32* __restrict__ counters, u32 M, u32 N, u32 K, u32 log2_bs, u32 log2_g, u32 kper) {
-    Scales s;
-    s.absmax_q = absmax_q; s.code2 = code2; s.absmax2 = absmax2; s.absmax_f = absmax_f;
-    s.offset = offset_ptr != nullptr ? __ldg(offset_ptr) : 0.0f;
-    s.log2_bs = log2_bs; s.log2_g = log2_g;
+extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
+    Scales s = make_scales(absmax_q, code2, absmax2, absmax_f, offset_ptr, log2_bs, log2_g);
 
     const u32 warps = (blockDim.x >> 5) - 1;                  // consumer warps; warp `warps` copies
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1986,12 +1959,8 @@ nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
     }
 }
 #else
-extern "C" __global__ void
-nf4t_matmul(const act_t* __restrict__ A, const u8* __restrict__ B,
-            const u8* __restrict__ absmax_q, const float* __restrict__ code2, const float* __restrict__ absmax2,
-            const float* __restrict__ absmax_f, const float* __restrict__ offset_ptr,
-            const act_t* __restrict__ bias, act_t* __restrict__ out, float* __restrict__ ws,
-            u32* __restrict__ counters, u32 M, u32 N, u32 K, u32 log2_bs, u32 log2_g, u32 kper) {
+extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
+    // (make_scales's fields set in place: through the helper, ptxas schedules this kernel differently)
     Scales s;
     s.absmax_q = absmax_q; s.code2 = code2; s.absmax2 = absmax2; s.absmax_f = absmax_f;
     s.offset = offset_ptr != nullptr ? __ldg(offset_ptr) : 0.0f;
