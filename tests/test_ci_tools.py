@@ -67,3 +67,34 @@ def test_merge_table_replaces_the_same_problem_and_keeps_the_rest(tmp_path):
     bad = subprocess.run([sys.executable, str(CI / "merge_table.py"), str(b), str(n), "-o", str(out2)],
                          capture_output=True, text=True)
     assert bad.returncode == 1 and "formats differ" in bad.stderr and not out2.exists()
+
+
+def test_sass_loops_count_the_body_and_the_first_arms():
+    """tuner.kernel.sass on a hand-written listing: one loop of 9 instructions whose if/else's second arm
+    (3 instructions, jumped over by the unconditional branch) is left out of the path; a short loop
+    below the minimum and a forward-only branch are not loops."""
+    from tuner.kernel.sass import loops
+
+    lines = ["        /*0000*/                   S2R R0, SR_TID.X ;",
+             ".L_x_0:",
+             "        /*0010*/                   IADD3 R1, R1, 0x1, RZ ;",
+             "        /*0020*/              @P0 BRA `(.L_x_1) ;",
+             "        /*0030*/                   LDG.E R2, desc[UR4][R4.64] ;",
+             "        /*0040*/                   BRA `(.L_x_2) ;",
+             ".L_x_1:",
+             "        /*0050*/                   LDC R3, c[0x0][0x210] ;",
+             "        /*0060*/                   IMAD R2, R3, 0x2, RZ ;",
+             "        /*0070*/                   MOV R6, R2 ;",
+             ".L_x_2:",
+             "        /*0080*/                   FFMA R7, R2, R2, R7 ;",
+             "        /*0090*/              @P1 BRA `(.L_x_0) ;",
+             ".L_x_3:",
+             "        /*00a0*/                   NOP ;",
+             "        /*00b0*/              @P2 BRA `(.L_x_3) ;",
+             "        /*00c0*/                   EXIT ;"]
+    found = loops("\n".join(lines), min_len=5)
+    assert len(found) == 1
+    lp = found[0]
+    assert (lp.start, lp.end, lp.static, lp.path) == (1, 9, 9, 6)
+    assert dict(lp.mix) == {"IADD3": 1, "BRA": 3, "LDG": 1, "FFMA": 1}
+    assert len(loops("\n".join(lines), min_len=2)) == 2

@@ -613,3 +613,27 @@ def test_the_row_tile_tensor_core_path(compile_cache):
                        (c.replace(unroll=1, warps=16), 16)):
         k = compile_config(cfg, "sm_90", cache_dir=compile_cache)
         assert 2 * warps * 32 * k.registers <= 65536 and not k.spill_stores, (cfg.short(), k.registers)
+
+
+def test_the_row_tile_loop_takes_about_half_the_instructions_per_byte_of_simts(compile_cache):
+    """Why mma-rows exists, checked in the SASS (sm_90): the full path of its loop (8-byte loads, 16-row
+    warps, groups of 4 windows, the prefetch: 64 packed bytes per lane) costs at most 0.6 of the
+    instructions per packed byte of SIMT's served loop (16-byte loads, 4 rows, the prefetch: 64 bytes
+    per lane). The shortest path of each kernel's loops is compared (both: plain statistics, full warps)."""
+    from tuner.kernel.compiler import compile_config
+    from tuner.kernel.sass import disassemble, find_nvdisasm, loops
+
+    try:
+        find_nvdisasm()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    simt = MM.config(load_bytes=16, rows_per_warp=4, warps=14, lut="pairx", prefetch=1, astage="shared", m=1)
+    rows = MM.config(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=8, warps=16, scale="block",
+                     astage="shared", lut="pairx", unroll=4, prefetch=1, m=1)
+    per_byte = {}
+    for name, c, step_bytes in (("simt", simt, 4 * 16), ("rows", rows, 4 * 2 * 8)):
+        found = loops(disassemble(compile_config(c, "sm_90", cache_dir=compile_cache).cubin), min_len=200)
+        assert len(found) >= 3, (name, found)                     # the three instantiations of the steps
+        per_byte[name] = min(lp.path for lp in found) / step_bytes
+        assert dict(found[0].mix).get("HMMA" if name == "rows" else "FFMA", 0) >= 16
+    assert per_byte["rows"] <= 0.6 * per_byte["simt"], per_byte
