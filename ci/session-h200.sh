@@ -71,9 +71,15 @@ R7="{$RW,\"load_bytes\":8,\"mtile\":8,\"warps\":14,\"ksplit\":2,\"unroll\":2,\"p
 R8="{$RW,\"load_bytes\":8,\"mtile\":8,\"warps\":16,\"ksplit\":4,\"unroll\":4,\"lut\":\"pair\"}"
 R9="{$RW,\"load_bytes\":8,\"mtile\":16,\"warps\":8,\"ksplit\":4,\"unroll\":1,\"prefetch\":1,\"lut\":\"pair\"}"
 R10="{$RW,\"load_bytes\":4,\"mtile\":16,\"warps\":16,\"ksplit\":4,\"unroll\":2,\"lut\":\"pair\"}"
+# (the pair table's lookups cost a shift and a mask more than pairx's permute: at 8B r16 u2 pf1 its loop takes
+# 6.9 against 4.7 instructions per packed byte, ci/sass_loops.py; so pairx at M = 8 and 16 too, one CTA per SM
+# where A fills the shared memory)
+R11="{$RW,\"load_bytes\":8,\"mtile\":8,\"warps\":16,\"ksplit\":1,\"unroll\":2,\"prefetch\":1,\"lut\":\"pairx\"}"
+R12="{$RW,\"load_bytes\":8,\"mtile\":8,\"warps\":16,\"ksplit\":4,\"unroll\":2,\"prefetch\":1,\"lut\":\"pairx\"}"
+R13="{$RW,\"load_bytes\":8,\"mtile\":16,\"warps\":16,\"ksplit\":4,\"unroll\":2,\"lut\":\"pairx\"}"
 export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5|$P1|$P2|$A1|$A2|$A3|$A4|$A5|$A6|$A7|$A8|$A9|$A10|$A11|$A12|$A13|$A14|$A15|$A16|$A17|$R1|$R2|$R3|$R4|$R5|$R6"
-export MM_CANDIDATES_8="$K1|$K2|$K3|$K4|$R5|$R7|$R8"
-export MM_CANDIDATES_16="$L1|$L2|$L3|$M16|$R9|$R10"
+export MM_CANDIDATES_8="$K1|$K2|$K3|$K4|$R5|$R7|$R8|$R11|$R12"
+export MM_CANDIDATES_16="$L1|$L2|$L3|$M16|$R9|$R10|$R13"
 export MM_CANDIDATES_32="$L1|$L2|$L3|$M16"
 export MM_TABLE_BUCKETS="${MM_TABLE_BUCKETS:-1 8 16 32}" MM_TABLE="${MM_TABLE:-$OUT/matmul-configs.json}" MM_BENCH_BUCKETS="${MM_BENCH_BUCKETS:-1 8 16 32 64}"
 t0=$(date +%s)
