@@ -11,23 +11,11 @@
 # Usage: [LUTS=..] [ASTAGES=..] [WARPS=..] [RPWS=..] [LOADS=..] [KSPLITS=..] [NAME=..] [TABLES=..]
 #        bash ci/explore-simt-stage.sh [PROBLEMS...]
 # (the defaults are session 8's sweep; NAME prefixes the output files, TABLES names the knobs whose best
-# screens are tabulated; ci/explore-simt-pairs.sh is session 7's sweep through this script)
+# screens are tabulated; ci/explore-simt-pairs.sh is session 7's sweep through this script; the screen
+# itself is ci/explore-screen.sh)
 set -uo pipefail
-OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
-export PYTHONPATH=$PWD/.devsite:$PWD PYTHONUNBUFFERED=1
-export NF4TUNE_CACHE=${NF4TUNE_CACHE:-/tmp/nf4tune-cache}
-name=${NAME:-simtstage}
-s=""
-for k in mma=simt lut=${LUTS:-shared,pairx} load_bytes=${LOADS:-16} rows_per_warp=${RPWS:-4,8} mtile=1 warps=${WARPS:-2,8,16} \
-         prefetch=0,1 scale=block astage=${ASTAGES:-global,shared} wload=stream ksplit=${KSPLITS:-1} m=1 dtype=bf16 \
-         quant=nf4; do
-  s="$s --sweep $k"
-done
-python3 -m tuner.cli compile --family matmul $s --quiet 2>&1 | tail -1
-problems=("$@"); [ ${#problems[@]} -eq 0 ] && problems=(28672x8192 8192x8192 14336x4096)
-for sh in "${problems[@]}"; do
-  timeout ${STAGE_TIMEOUT:-150} python3 -m tuner.cli bench --exhaustive --family matmul --shape $sh --m 1 --finalists 6 \
-     --time-cap 1 $s -o "$OUT/$name-$sh.json" 2>&1 | tr '\r' '\n' | grep -v ' [0-9]*/[0-9]* ([0-9]*%)' >> "$OUT/$name.txt"
-done
-for t in ${TABLES:-astage warps lut}; do python3 ci/explore_best.py --table $t "$OUT"/$name-*.json; done
-grep "exhaustive best" "$OUT/$name.txt" | cut -c1-170
+[ $# -eq 0 ] && set -- 28672x8192 8192x8192 14336x4096
+SWEEP="mma=simt lut=${LUTS:-shared,pairx} load_bytes=${LOADS:-16} rows_per_warp=${RPWS:-4,8} mtile=1 \
+warps=${WARPS:-2,8,16} prefetch=0,1 scale=block astage=${ASTAGES:-global,shared} wload=stream ksplit=${KSPLITS:-1} \
+m=1 dtype=bf16 quant=nf4" NAME=${NAME:-simtstage} M=1 TABLES=${TABLES:-astage warps lut} \
+  exec bash "$(dirname "$0")/explore-screen.sh" "$@"

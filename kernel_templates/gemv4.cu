@@ -1292,6 +1292,15 @@ __device__ __forceinline__ void ks_fill_scales(float* tab, const Scales& s, u32 
 }
 #endif
 
+__device__ __forceinline__ void tc_zero(float (&c)[NF4T_RT][NF4T_NT][4]) {
+#pragma unroll
+    for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+        for (int nt = 0; nt < NF4T_NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) c[rt][nt][i] = 0.0f;
+}
+
 // One window on the tensor cores: cp += the code pairs of W's row tiles (lane (g, t): rows g and g + 8 of
 // each tile, its run of the window) times the batch tiles' runs of A (the lane's batch row g, the same
 // run), for windows that lie in one block (the scale follows, tc_scale_add)
@@ -1344,13 +1353,9 @@ __device__ __forceinline__ void ks_compute(const KsGroup& G, float (&acc)[NF4T_R
         }
         if (NF4T_NBMAX == 1 || nb == 1) {
             float cp[NF4T_RT][NF4T_NT][4];
-#pragma unroll
-            for (int rt = 0; rt < NF4T_RT; ++rt)
-#pragma unroll
-                for (int nt = 0; nt < NF4T_NT; ++nt)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) cp[rt][nt][i] = 0.0f;
+            tc_zero(cp);
             tc_window_mma(G.w[u], G.a[u], lane4, cp);
+            // tc_scale_add's FMAs, written in place: through the helper ptxas schedules 4 of 114 cubins differently
 #pragma unroll
             for (int rt = 0; rt < NF4T_RT; ++rt)
 #pragma unroll
@@ -1465,15 +1470,6 @@ __device__ __forceinline__ void ks_epilogue(const float (&acc)[NF4T_RT][NF4T_NT]
 #define NF4T_GK (NF4T_U * NF4T_WIN)     // K per group
 #define NF4T_CH (NF4T_LOAD / 4)         // 16-byte chunks (8 values) of A in a lane's run
 
-__device__ __forceinline__ void tc_zero(float (&c)[NF4T_RT][NF4T_NT][4]) {
-#pragma unroll
-    for (int rt = 0; rt < NF4T_RT; ++rt)
-#pragma unroll
-        for (int nt = 0; nt < NF4T_NT; ++nt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) c[rt][nt][i] = 0.0f;
-}
-
 struct RowsGroup {
     u32 w[NF4T_U][NF4T_RT][2][NF4T_WWORDS];   // window u: rows g, g+8 of each tile
     ScaleRaw raw[NF4T_RT][2];                  // the block of window t % U: rows g, g+8 of each tile
@@ -1563,6 +1559,15 @@ __device__ __forceinline__ void rows_load_full(RowsGroup& G, RowsCursor& c, cons
         }
 }
 
+// The group at kn: by the cursor where the warp's rows are full and the group lies inside the slice, else
+// with bounds
+template <bool kFull, bool kNested>
+__device__ __forceinline__ void rows_load_next(RowsGroup& G, RowsCursor& cur, const u8* __restrict__ B, const Scales& s,
+                                               u32 row0, u32 N, u32 K, u32 k_end, u32 g, u32 t, u32 kn) {
+    if (kFull && kn + NF4T_GK <= k_end) rows_load_full<kNested>(G, cur, s);
+    else rows_load(G, B, s, row0, N, K, k_end, g, t, kn);
+}
+
 // A 16-byte chunk of A's stage into v where the lane's batch row exists; elsewhere v keeps what it held
 // (the mma's column of a batch row past M only reaches outputs that are never written), so no zeros
 // are moved in
@@ -1622,18 +1627,12 @@ __device__ __forceinline__ void rows_steps(RowsGroup& G, float (&acc)[NF4T_RT][N
         const u32 kn = kw + NF4T_GK;
 #if NF4T_PREFETCH == 1
         RowsGroup Gn;
-        if (kn < k_end) {
-            if (kFull && kn + NF4T_GK <= k_end) rows_load_full<kNested>(Gn, cur, s);
-            else rows_load(Gn, B, s, row0, N, K, k_end, g, t, kn);
-        }
+        if (kn < k_end) rows_load_next<kFull, kNested>(Gn, cur, B, s, row0, N, K, k_end, g, t, kn);
         rows_compute<kFull, kNested>(G, acc, s, a_lane, pitch, a_in, a, lane, lane4);
         G = Gn;
 #else
         rows_compute<kFull, kNested>(G, acc, s, a_lane, pitch, a_in, a, lane, lane4);
-        if (kn < k_end) {
-            if (kFull && kn + NF4T_GK <= k_end) rows_load_full<kNested>(G, cur, s);
-            else rows_load(G, B, s, row0, N, K, k_end, g, t, kn);
-        }
+        if (kn < k_end) rows_load_next<kFull, kNested>(G, cur, B, s, row0, N, K, k_end, g, t, kn);
 #endif
     }
 }

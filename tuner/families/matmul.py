@@ -49,6 +49,14 @@ ROWS_LUTS = ("pair", "pairx")
 ROWS_MAX_LOAD_REGISTERS = 48
 
 
+#: the tensor-core paths with W's rows as the mma's M: (name in messages, what rows_per_warp counts,
+#: what one scale multiply covers)
+_ROW_OPERAND_PATHS = {
+    "mma-ks": ("K-split", "rows per CTA", "window and block"),
+    "mma-rows": ("row-tile", "rows per warp", "window (a window lies in one block)"),
+}
+
+
 def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
     if mma == "mma":
         if load_bytes != 16:
@@ -62,23 +70,14 @@ def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
         if dtype == "fp32":
             return "no tensor-core path for fp32 activations"
         return None
-    if mma == "mma-rows":
+    if mma in _ROW_OPERAND_PATHS:
+        path, rows, scaled = _ROW_OPERAND_PATHS[mma]
         if rows_per_warp not in (16, 32):
-            return "the row-tile tensor-core path takes 16 or 32 rows per warp (m16 tiles)"
+            return f"the {path} tensor-core path takes 16 or 32 {rows} (m16 tiles)"
         if mtile not in (8, 16):
-            return "the row-tile tensor-core path tiles the batch by 8 or 16 (n8 tiles)"
+            return f"the {path} tensor-core path tiles the batch by 8 or 16 (n8 tiles)"
         if scale != "block":
-            return "the row-tile tensor-core path scales once per window (a window lies in one block)"
-        if dtype == "fp32":
-            return "no tensor-core path for fp32 activations"
-        return None
-    if mma == "mma-ks":
-        if rows_per_warp not in (16, 32):
-            return "the K-split tensor-core path takes 16 or 32 rows per CTA (m16 tiles)"
-        if mtile not in (8, 16):
-            return "the K-split tensor-core path tiles the batch by 8 or 16 (n8 tiles)"
-        if scale != "block":
-            return "the K-split tensor-core path scales once per window and block"
+            return f"the {path} tensor-core path scales once per {scaled}"
         if dtype == "fp32":
             return "no tensor-core path for fp32 activations"
         return None
