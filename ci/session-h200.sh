@@ -77,8 +77,17 @@ R10="{$RW,\"load_bytes\":4,\"mtile\":16,\"warps\":16,\"ksplit\":4,\"unroll\":2,\
 R11="{$RW,\"load_bytes\":8,\"mtile\":8,\"warps\":16,\"ksplit\":1,\"unroll\":2,\"prefetch\":1,\"lut\":\"pairx\"}"
 R12="{$RW,\"load_bytes\":8,\"mtile\":8,\"warps\":16,\"ksplit\":4,\"unroll\":2,\"prefetch\":1,\"lut\":\"pairx\"}"
 R13="{$RW,\"load_bytes\":8,\"mtile\":16,\"warps\":16,\"ksplit\":4,\"unroll\":2,\"lut\":\"pairx\"}"
-export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5|$P1|$P2|$A1|$A2|$A3|$A4|$A5|$A6|$A7|$A8|$A9|$A10|$A11|$A12|$A13|$A14|$A15|$A16|$A17|$R1|$R2|$R3|$R4|$R5|$R6"
-export MM_CANDIDATES_8="$K1|$K2|$K3|$K4|$R5|$R7|$R8|$R11|$R12"
+# ... with windows over two blocks (session 12, span 2: 16-byte loads at blocksize 64, each block's part in its
+# own batch columns; W's loads touch 8 L1 lines per 512 bytes, not 16; the loop 229 against 260 instructions
+# per 64 packed bytes and lane at 14 warps, ci/sass_loops.py); at M = 8 the 16-row batch tile holds 8 rows
+R14="{$RW,\"load_bytes\":16,\"span\":2,\"mtile\":8,\"warps\":14,\"ksplit\":1,\"unroll\":2,\"prefetch\":1,\"lut\":\"pairx\"}"
+R15="{$RW,\"load_bytes\":16,\"span\":2,\"mtile\":8,\"warps\":16,\"ksplit\":1,\"unroll\":1,\"prefetch\":1,\"lut\":\"pairx\"}"
+R16="{$RW,\"load_bytes\":16,\"span\":2,\"mtile\":8,\"warps\":16,\"ksplit\":1,\"unroll\":2,\"lut\":\"pairx\"}"
+R17="{$RW,\"load_bytes\":16,\"span\":2,\"mtile\":8,\"warps\":8,\"ksplit\":2,\"unroll\":2,\"prefetch\":1,\"lut\":\"pairx\"}"
+R18="{$RW,\"load_bytes\":16,\"span\":2,\"mtile\":16,\"warps\":8,\"ksplit\":1,\"unroll\":2,\"prefetch\":1,\"lut\":\"pairx\"}"
+R19="{$RW,\"load_bytes\":16,\"span\":2,\"mtile\":16,\"warps\":16,\"ksplit\":1,\"unroll\":1,\"prefetch\":1,\"lut\":\"pairx\"}"
+export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5|$P1|$P2|$A1|$A2|$A3|$A4|$A5|$A6|$A7|$A8|$A9|$A10|$A11|$A12|$A13|$A14|$A15|$A16|$A17|$R1|$R2|$R3|$R4|$R5|$R6|$R14|$R15|$R16|$R17"
+export MM_CANDIDATES_8="$K1|$K2|$K3|$K4|$R5|$R7|$R8|$R11|$R12|$R18|$R19"
 export MM_CANDIDATES_16="$L1|$L2|$L3|$M16|$R9|$R10|$R13"
 export MM_CANDIDATES_32="$L1|$L2|$L3|$M16"
 export MM_TABLE_BUCKETS="${MM_TABLE_BUCKETS:-1 8 16 32}" MM_TABLE="${MM_TABLE:-$OUT/matmul-configs.json}" MM_BENCH_BUCKETS="${MM_BENCH_BUCKETS:-1 8 16 32 64}"

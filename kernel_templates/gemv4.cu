@@ -79,6 +79,11 @@
 //                the current one is computed, so a warp always has loads in flight (twice the
 //                registers for W).
 //   NF4T_UNROLL  mma-ks: windows of K per group (all loads of a group issued before the first is used).
+//   NF4T_SPAN    mma-rows: blocks a window spans (1, 2, 4). 1: a window lies in one block (8*LOAD <=
+//                blocksize). 2, 4: the window's runs lie in SPAN blocks (lane t's run in part t*SPAN/4),
+//                and each part takes its own columns of the mma's n8 (8/SPAN batch rows per n8 tile), so
+//                one mma still covers the window and the parts' sums are scaled apart and added at the
+//                end: 16-byte loads at blocksize 64 without a second mma per block.
 //   NF4T_PERSIST mma-ks: 1 a few CTAs per SM loop over the row tiles.
 //   NF4T_STAGES  mma-ks: 0 W goes global -> registers (NF4T_PREFETCH decides how far ahead); N > 0:
 //                W goes global -> shared memory by cp.async, in a per-warp ring N groups deep, so the
@@ -1467,13 +1472,34 @@ __device__ __forceinline__ void ks_epilogue(const float (&acc)[NF4T_RT][NF4T_NT]
 // A group of NF4T_U windows is loaded at once (NF4T_PREFETCH 1: the next group before the current one
 // is computed). Warps whose rows are all < N load without bounds and with the statistics' kind fixed
 // at compile time, but for a slice's last, partial group.
+//   NF4T_SPAN > 1 (a window over SPAN blocks: 16-byte loads at blocksize 64): the mma's n8 columns are
+// (batch row, part) pairs, column c = batch row c / SPAN, part c % SPAN, and lane (g, t) feeds its run of
+// A only into the column of its own part (g % SPAN == t*SPAN/4; zeros elsewhere). So one mma per window
+// still gives each part's sums apart, in the columns a lane already holds (2t, 2t+1); each is scaled by
+// its part's block, and the parts of a batch row are added once, at the end. At M = 1 the columns are
+// free (7 of 8 held padding). The statistics: SPAN blocks per window, U*SPAN per group, shared out over
+// the quad as before.
 #define NF4T_GK (NF4T_U * NF4T_WIN)     // K per group
 #define NF4T_CH (NF4T_LOAD / 4)         // 16-byte chunks (8 values) of A in a lane's run
+#define NF4T_CPR (8 / NF4T_SPAN)        // batch rows per n8 tile
+#define NF4T_PART (NF4T_WIN / NF4T_SPAN)  // K per part of a window (in one block)
+#define NF4T_SB (NF4T_U * NF4T_SPAN)    // blocks per row and group
+#define NF4T_SQ ((NF4T_SB + 3) / 4)     // of which a lane loads NF4T_SQ per row
+#if NF4T_SPAN != 1 && NF4T_SPAN != 2 && NF4T_SPAN != 4
+#error "NF4T_SPAN is 1, 2 or 4"
+#endif
 
 struct RowsGroup {
     u32 w[NF4T_U][NF4T_RT][2][NF4T_WWORDS];   // window u: rows g, g+8 of each tile
-    ScaleRaw raw[NF4T_RT][2];                  // the block of window t % U: rows g, g+8 of each tile
+    ScaleRaw raw[NF4T_SQ][NF4T_RT][2];         // slot q: block (4q + t) % SB of the group, rows g, g+8 of each tile
 };
+
+// Offset in K from a group's start of the block a lane's statistics slot q holds: the group's block j =
+// (4q + t) % SB is part j % SPAN of window j / SPAN (SPAN 1: the block of window t % U)
+__device__ __forceinline__ u32 rows_stat_offset(u32 q, u32 t) {
+    const u32 j = (4u * q + t) % NF4T_SB;
+    return (j / NF4T_SPAN) * NF4T_WIN + (j % NF4T_SPAN) * NF4T_PART;
+}
 
 // A's stage: byte offset of the 16-byte chunk holding slice offset kk (a multiple of 8) in a batch row.
 // Chunk c of run t of window v lies at ((v*CH + c)*4 + t)*16, so a quad's four runs of a chunk are 64
@@ -1505,24 +1531,28 @@ __device__ __forceinline__ void rows_load(RowsGroup& G, const u8* __restrict__ B
                 }
             }
     }
-    const u32 ks = kw + (t % NF4T_U) * NF4T_WIN;   // the window whose block this lane loads
 #pragma unroll
-    for (int rt = 0; rt < NF4T_RT; ++rt)
+    for (int q = 0; q < NF4T_SQ; ++q) {
+        const u32 ks = kw + rows_stat_offset(q, t);   // the block this slot holds
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const u32 n = row0 + rt * 16 + g + 8 * h;
-            if (n < N && ks < k_end) {
-                G.raw[rt][h] = scale_load(s, n * K + ks);
-            } else {
-                G.raw[rt][h].q = 0u;
-                G.raw[rt][h].a = 0.0f;
+        for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32 n = row0 + rt * 16 + g + 8 * h;
+                if (n < N && ks < k_end) {
+                    G.raw[q][rt][h] = scale_load(s, n * K + ks);
+                } else {
+                    G.raw[q][rt][h].q = 0u;
+                    G.raw[q][rt][h].a = 0.0f;
+                }
             }
-        }
+    }
 }
 
 // Full warps (every row < N) walk W by pointers: the lane's run of each row at the next group's first
-// window, and the element index of the window whose block it loads; a group is then loads at fixed
-// offsets from them, and one add each to move on (n*K + k < 2^31: the family refuses larger weights)
+// window, and the element index of the block its statistics slot 0 holds (slot q: 4q/SPAN windows on);
+// a group is then loads at fixed offsets from them, and one add each to move on (n*K + k < 2^31: the
+// family refuses larger weights)
 struct RowsCursor {
     const u8* w[NF4T_RT][2];
     u32 e[NF4T_RT][2];
@@ -1535,7 +1565,7 @@ __device__ __forceinline__ RowsCursor rows_cursor(const u8* __restrict__ B, u32 
         for (int h = 0; h < 2; ++h) {
             const u32 e = (row0 + rt * 16 + g + 8 * h) * K + kw;
             c.w[rt][h] = B + ((e + t * NF4T_RUN) >> 1);
-            c.e[rt][h] = e + (t % NF4T_U) * NF4T_WIN;
+            c.e[rt][h] = e + rows_stat_offset(0u, t);
         }
     return c;
 }
@@ -1551,9 +1581,12 @@ __device__ __forceinline__ void rows_load_full(RowsGroup& G, RowsCursor& c, cons
     for (int rt = 0; rt < NF4T_RT; ++rt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const u32 b = c.e[rt][h] >> s.log2_bs;
-            G.raw[rt][h].q = kNested ? (u32)__ldg(s.absmax_q + b) : 0u;
-            G.raw[rt][h].a = kNested ? __ldg(s.absmax2 + (b >> s.log2_g)) : __ldg(s.absmax_f + b);
+#pragma unroll
+            for (int q = 0; q < NF4T_SQ; ++q) {
+                const u32 b = (c.e[rt][h] + q * (4 / NF4T_SPAN) * NF4T_WIN) >> s.log2_bs;
+                G.raw[q][rt][h].q = kNested ? (u32)__ldg(s.absmax_q + b) : 0u;
+                G.raw[q][rt][h].a = kNested ? __ldg(s.absmax2 + (b >> s.log2_g)) : __ldg(s.absmax_f + b);
+            }
             c.w[rt][h] += NF4T_GK / 2;
             c.e[rt][h] += NF4T_GK;
         }
@@ -1583,28 +1616,55 @@ template <bool kFull, bool kNested>
 __device__ __forceinline__ void rows_compute(const RowsGroup& G, float (&acc)[NF4T_RT][NF4T_NT][4], const Scales& s,
                                              u32 a_lane, u32 pitch, const bool (&a_in)[NF4T_NT],
                                              u32 (&a)[NF4T_NT][NF4T_LOAD], u32 lane, u32 lane4) {
-    float own[NF4T_RT][2];
+    float own[NF4T_SQ][NF4T_RT][2];
 #pragma unroll
-    for (int rt = 0; rt < NF4T_RT; ++rt)
+    for (int q = 0; q < NF4T_SQ; ++q)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-            own[rt][h] = kFull ? scale_finish_known<kNested>(s, G.raw[rt][h]) : ks_scale(s, G.raw[rt][h]);
+        for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                own[q][rt][h] = kFull ? scale_finish_known<kNested>(s, G.raw[q][rt][h]) : ks_scale(s, G.raw[q][rt][h]);
 #pragma unroll
     for (int u = 0; u < NF4T_U; ++u) {
+#if NF4T_SPAN == 1
         float sc[NF4T_RT][2];
 #pragma unroll
         for (int rt = 0; rt < NF4T_RT; ++rt)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                sc[rt][h] = NF4T_U == 1 ? own[rt][h] : __shfl_sync(0xffffffffu, own[rt][h], (lane & ~3u) | (u32)u);
+                sc[rt][h] = NF4T_U == 1 ? own[0][rt][h] : __shfl_sync(0xffffffffu, own[0][rt][h], (lane & ~3u) | (u32)u);
+#else
+        // column 2t + i holds part (2t + i) % SPAN: the group's block j = u*SPAN + that part, held in slot
+        // j / 4 (the same for the whole quad) of lane j % 4
+        float sc[NF4T_RT][2][2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const u32 src = (lane & ~3u) | ((u * NF4T_SPAN + (2u * (lane & 3u) + i) % NF4T_SPAN) & 3u);
+#pragma unroll
+            for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) sc[rt][h][i] = __shfl_sync(0xffffffffu, own[u * NF4T_SPAN / 4][rt][h], src);
+        }
+#endif
 #pragma unroll
         for (int nt = 0; nt < NF4T_NT; ++nt)
 #pragma unroll
-            for (int c = 0; c < NF4T_CH; ++c) lds128_if(a, nt, 4 * c, a_in[nt], a_lane + nt * 8 * pitch + (u * NF4T_CH + c) * 64);
+            for (int c = 0; c < NF4T_CH; ++c)
+                lds128_if(a, nt, 4 * c, a_in[nt], a_lane + nt * NF4T_CPR * pitch + (u * NF4T_CH + c) * 64);
         float cp[NF4T_RT][NF4T_NT][4];
         tc_zero(cp);
         tc_window_mma(G.w[u], a, lane4, cp);
+#if NF4T_SPAN == 1
         tc_scale_add(acc, cp, sc);
+#else
+#pragma unroll
+        for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+            for (int nt = 0; nt < NF4T_NT; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    acc[rt][nt][i] = fmaf(sc[rt][i >> 1][i & 1], cp[rt][nt][i], acc[rt][nt][i]);
+#endif
     }
 }
 
@@ -1645,8 +1705,8 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     const u32 g = lane >> 2, t = lane & 3, lane4 = lane << 2;
     const u32 row_first = blockIdx.x * warps * NF4T_RPW;
     const u32 row0 = row_first + warp * NF4T_RPW;
-    const u32 m0 = blockIdx.z * NF4T_MTILE;
-    const u32 mrows = min((u32)NF4T_MTILE, M - m0);
+    const u32 m0 = blockIdx.z * (NF4T_MTILE / NF4T_SPAN);              // batch rows per CTA: MTILE / SPAN
+    const u32 mrows = min((u32)(NF4T_MTILE / NF4T_SPAN), M - m0);
     const u32 k_begin = blockIdx.y * kper;
     const u32 k_end = min(K, k_begin + kper);
 
@@ -1673,10 +1733,17 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
 
     float acc[NF4T_RT][NF4T_NT][4];
     tc_zero(acc);
-    bool a_in[NF4T_NT];
+    bool a_in[NF4T_NT];     // column g of batch tile nt takes this lane's run of A (batch row nt*CPR + g/SPAN)
+#if NF4T_SPAN == 1
 #pragma unroll
     for (int nt = 0; nt < NF4T_NT; ++nt) a_in[nt] = nt * 8 + g < mrows;
     const u32 a_lane = (u32)__cvta_generic_to_shared(a_st) + g * pitch + t * 16u;
+#else
+#pragma unroll
+    for (int nt = 0; nt < NF4T_NT; ++nt)
+        a_in[nt] = nt * NF4T_CPR + g / NF4T_SPAN < mrows && g % NF4T_SPAN == t * NF4T_SPAN / 4u;
+    const u32 a_lane = (u32)__cvta_generic_to_shared(a_st) + (g / NF4T_SPAN) * pitch + t * 16u;
+#endif
     if (row0 < N) {
         if (row0 + NF4T_RPW > N)
             rows_steps<false, false>(G, acc, B, s, a_lane, pitch, a_in, row0, N, K, k_begin, k_end, g, t, lane, lane4);
@@ -1686,6 +1753,7 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
             rows_steps<true, false>(G, acc, B, s, a_lane, pitch, a_in, row0, N, K, k_begin, k_end, g, t, lane, lane4);
     }
 
+#if NF4T_SPAN == 1
     // c0, c1: row g, batch rows 2t, 2t+1; c2, c3: row g + 8
 #pragma unroll
     for (int rt = 0; rt < NF4T_RT; ++rt)
@@ -1696,6 +1764,23 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
                 const u32 n = row0 + rt * 16 + g + (i >= 2 ? 8u : 0u), m = nt * 8 + 2 * t + (i & 1);
                 if (n < N && m < mrows) emit(acc[rt][nt][i], m0 + m, n, N, bias, out, ws);
             }
+#else
+    // c0, c1: row g, columns 2t, 2t+1 (c2, c3: row g + 8): parts of batch row 2t / SPAN, added here (SPAN 4:
+    // the other two parts are lane t ^ 1's)
+#pragma unroll
+    for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+        for (int nt = 0; nt < NF4T_NT; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float v = acc[rt][nt][2 * h] + acc[rt][nt][2 * h + 1];
+#if NF4T_SPAN == 4
+                v += __shfl_xor_sync(0xffffffffu, v, 1);
+#endif
+                const u32 n = row0 + rt * 16 + g + 8u * h, m = nt * NF4T_CPR + 2u * t / NF4T_SPAN;
+                if ((NF4T_SPAN == 2 || (t & 1u) == 0u) && n < N && m < mrows) emit(v, m0 + m, n, N, bias, out, ws);
+            }
+#endif
     if (ws != nullptr) {
         const u32 rows = min(warps * NF4T_RPW, N - row_first);
         finish_split(blockIdx.z * gridDim.x + blockIdx.x, row_first, rows, m0, mrows, N, bias, out, ws, counters);

@@ -594,11 +594,11 @@ def test_the_row_tile_tensor_core_path(compile_cache):
         assert (rows_stage_bytes(kper, 1) % 128) == 64                            # rows 64 mod 128 bytes apart
     pair = MatmulPlan(c.replace(lut="pair"), 1, 4096, 4096, 64, 256, h200, device="cpu")
     assert pair.smem == rows_stage_bytes(4096, 1)                                 # the pair table is static
-    with pytest.raises(UnsupportedInput, match="more than one block"):
+    with pytest.raises(UnsupportedInput, match="spans 2 block.*built for span 1"):
         MatmulPlan(c, 1, 4096, 4096, 32, 256, h200, device="cpu")                 # 64-value windows, blocks of 32
     wide = c.replace(load_bytes=16, unroll=1)
     assert MatmulPlan(wide, 1, 4096, 4096, 128, 256, h200, device="cpu").kper == 4096
-    with pytest.raises(UnsupportedInput, match="more than one block"):
+    with pytest.raises(UnsupportedInput, match="spans 2 block.*built for span 1"):
         MatmulPlan(wide, 1, 4096, 4096, 64, 256, h200, device="cpu")
     big = MM.config(**dict(rows, mtile=16), warps=8, m=16)
     with pytest.raises(UnsupportedInput, match="shared memory"):
@@ -613,6 +613,93 @@ def test_the_row_tile_tensor_core_path(compile_cache):
                        (c.replace(unroll=1, warps=16), 16)):
         k = compile_config(cfg, "sm_90", cache_dir=compile_cache)
         assert 2 * warps * 32 * k.registers <= 65536 and not k.spill_stores, (cfg.short(), k.registers)
+
+
+def test_windows_over_several_blocks_take_their_own_batch_columns(compile_cache):
+    """mma-rows with span 2 / 4: a window of 8 x load_bytes values over span blocks, each block's part in its
+    own columns of the n8 (8 / span batch rows per n8 tile). The knob's refusals (other paths, parts under 32
+    values, batch rows per CTA under the bucket, a 16-row tile that one n8 covers), its label (span 1 keeps the
+    old labels), the registers of a quad's statistics slots, the plan (the span must match the blocksize;
+    mtile / span batch rows per CTA in the grid and the stage) and the source's layout."""
+    from tuner.families.matmul import rows_registers, rows_span, rows_stage_bytes
+    from tuner.kernel.compiler import compile_config
+
+    rows = dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, scale="block", astage="shared",
+                lut="pairx", warps=14, unroll=2, prefetch=1)
+    c = MM.config(**rows, span=2, m=1)
+    assert c.span == 2 and c.short().endswith("sp2 p0 st0 lanes stats:lanes bf16 nf4")
+    assert "sp1" not in MM.config(**rows, m=1).short()
+    assert MM.config(**dict(rows, load_bytes=8), span=2, m=2).span == 2           # 32-value parts: blocksize 32
+    assert MM.config(**rows, span=4, m=2).span == 4
+    with pytest.raises(InvalidConfig, match="knob of the row-tile"):
+        MM.config(mma="mma-ks", load_bytes=16, rows_per_warp=16, mtile=8, scale="block", lut="pair", span=2, m=1)
+    with pytest.raises(InvalidConfig, match="knob of the row-tile"):
+        MM.config(span=2, m=1)                                                    # SIMT
+    with pytest.raises(InvalidConfig, match="never needs it"):
+        MM.config(**dict(rows, load_bytes=4), span=2, m=1)
+    with pytest.raises(InvalidConfig, match="never needs it"):
+        MM.config(**dict(rows, load_bytes=8), span=4, m=1)
+    with pytest.raises(InvalidConfig, match="W would be read 2 times"):
+        MM.config(**rows, span=2, m=8)                                            # 4 batch rows per CTA
+    with pytest.raises(InvalidConfig, match="W would be read 2 times"):
+        MM.config(**rows, span=4, m=4)
+    assert MM.config(**dict(rows, mtile=16), span=2, m=8).mtile == 16
+    with pytest.raises(InvalidConfig, match="wastes half"):
+        MM.config(**dict(rows, mtile=16), span=2, m=4)
+    with pytest.raises(InvalidConfig, match="W would be read 2 times"):
+        MM.config(**dict(rows, mtile=16), span=2, m=16)
+    # a quad shares a group's unroll x span blocks per row: one slot a lane while there are at most 4
+    assert rows_registers(16, 16, 2, 1, 2) == 2 * (2 * 2 * 4 + 1 * 2 * 2)
+    assert rows_registers(16, 16, 2, 1, 4) == 2 * (2 * 2 * 4 + 2 * 2 * 2)
+    assert rows_registers(8, 16, 4, 0, 1) == 4 * 2 * 2 + 2 * 2
+    assert [rows_span(16, bs) for bs in (32, 64, 128, 4096)] == [4, 2, 1, 1]
+    assert {x.span for x in MM.iter_space(dtype=["bf16"], quant=["nf4"], m=[1], mma=["mma-rows"])} == {1, 2, 4}
+
+    h200 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
+    p = MatmulPlan(c, 3, 28672, 8192, 64, 256, h200, device="cpu")
+    assert p.grid == (-(-28672 // (14 * 16)), 1, 1) and p.smem == 64 * 1024 + rows_stage_bytes(8192, 3)
+    p = MatmulPlan(c.replace(ksplit=2), 5, 1001, 4160, 64, 256, h200, device="cpu")   # 5 rows: 2 batch tiles of 4
+    assert p.grid[2] == 2 and p.smem == 64 * 1024 + rows_stage_bytes(p.kper, 4) and p.kper % (16 * 8 * 2) == 0
+    for bs, need in ((128, 1), (32, 4)):
+        with pytest.raises(UnsupportedInput, match=f"built for span 2.*span {need} serves"):
+            MatmulPlan(c, 1, 4096, 4096, bs, 256, h200, device="cpu")
+    assert MatmulPlan(c.replace(span=4), 1, 4096, 4096, 32, 256, h200, device="cpu").grid[2] == 1
+    p16 = MatmulPlan(MM.config(**dict(rows, mtile=16), span=2, m=8), 8, 4096, 4096, 64, 256, h200, device="cpu")
+    assert p16.grid[2] == 1 and p16.smem == 64 * 1024 + rows_stage_bytes(4096, 8)
+
+    src = c.render()
+    assert "#define NF4T_SPAN 2" in src and "NF4T_MTILE / NF4T_SPAN" in src
+    for cfg in (c, c.replace(span=4, m=2), c.replace(unroll=1, prefetch=0, warps=16),
+                MM.config(**dict(rows, mtile=16), span=2, m=8)):
+        k = compile_config(cfg, "sm_90", cache_dir=compile_cache)
+        assert not k.spill_stores and k.registers * cfg.warps * 32 <= 65536, (cfg.short(), k.registers)
+
+
+def test_the_span_loop_loads_w_in_16_bytes_with_fewer_instructions_per_byte(compile_cache):
+    """What span buys, in the SASS (sm_90): at blocksize 64 the 16-byte loads of span 2 (groups of 2 windows,
+    64 packed bytes per lane with the prefetch) replace the 8-byte loads of span 1 (groups of 4): W's loads in
+    the loop are all 16 bytes wide and the loop's shortest path takes no more instructions per packed byte."""
+    from tuner.kernel.compiler import compile_config
+    from tuner.kernel.sass import disassemble, find_nvdisasm, loops
+
+    try:
+        find_nvdisasm()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    rows = dict(mma="mma-rows", rows_per_warp=16, mtile=8, warps=14, scale="block", astage="shared", lut="pairx",
+                prefetch=1, m=1)
+    per_byte, widths = {}, {}
+    for span, load, unroll in ((1, 8, 4), (2, 16, 2)):
+        c = MM.config(**rows, load_bytes=load, unroll=unroll, span=span)
+        sass = disassemble(compile_config(c, "sm_90", cache_dir=compile_cache).cubin)
+        found = loops(sass, min_len=150)
+        assert len(found) >= 3, (span, found)
+        best = min(found, key=lambda lp: lp.path)
+        per_byte[span] = best.path / 64
+        assert dict(best.mix).get("HMMA", 0) == 16
+        widths[span] = {w for w in ("LDG.E.NA.128", "LDG.E.NA.64") if w in sass}
+    assert widths == {1: {"LDG.E.NA.64"}, 2: {"LDG.E.NA.128"}}, widths
+    assert per_byte[2] <= per_byte[1], per_byte
 
 
 def test_the_row_tile_loop_takes_about_half_the_instructions_per_byte_of_simts(compile_cache):

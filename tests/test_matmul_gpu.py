@@ -14,6 +14,7 @@ import bitsandbytes as bnb
 import bitsandbytes.functional as F
 
 from tuner.families import MATMUL as MM
+from tuner.families.matmul import rows_span
 from tuner.kernel.launch import LoadedKernel
 from tuner.measure.gate import check_config
 from tuner.vocabulary import Problem
@@ -134,7 +135,25 @@ CONFIGS = [
               lut="pair", astage="shared", unroll=2, prefetch=1)),
     (4, dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=8, warps=16, ksplit=1, scale="block",
              lut="pairx", astage="shared", unroll=4)),
+    # ... with windows over several blocks (span: each block's part in its own batch columns): 16-byte loads
+    # at blocksize 64 (groups of 1 and 2 windows, the prefetch, split-K with a partial last group, 32-row
+    # warps, 4 batch rows in an n8, the 16-row batch tile at batch 8), 8-byte loads at blocksize 32 with
+    # groups of 4 (two statistics slots per lane), and span 4 (16-byte loads at blocksize 32, 2 batch rows)
+    (1, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=14, ksplit=1, scale="block",
+             lut="pairx", astage="shared", unroll=2, prefetch=1, span=2)),
+    (1, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=16, ksplit=4, scale="block",
+             lut="pair", astage="shared", unroll=1, span=2, wload="plain")),
+    (4, dict(mma="mma-rows", load_bytes=16, rows_per_warp=32, mtile=8, warps=4, ksplit=2, scale="block",
+             lut="pairx", astage="shared", unroll=1, prefetch=1, span=2)),
+    (8, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=16, warps=8, ksplit=1, scale="block",
+             lut="pair", astage="shared", unroll=2, prefetch=1, span=2)),
+    (2, dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=8, warps=8, ksplit=2, scale="block",
+             lut="pairx", astage="shared", unroll=4, span=2)),
+    (2, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=8, ksplit=1, scale="block",
+             lut="pairx", astage="shared", unroll=2, span=4)),
 ]
+#: the configs with windows over several blocks (span > 1), each served at one blocksize
+SPAN_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("span", 1) > 1]
 
 
 @pytest.mark.parametrize("m, knobs", CONFIGS, ids=[f"m{m}-{i}" for i, (m, _) in enumerate(CONFIGS)])
@@ -148,8 +167,8 @@ def test_every_path_passes_the_gate(seed, m, knobs, dtype):
         prob = P(1000, 2048, m, dtype, quant, bs)
         c = MM.config(**knobs, dtype=dtype, quant=quant, m=m)
         r = check_config(c, prob, seed=seed)
-        if c.mma == "mma-rows" and 8 * c.load_bytes > bs:       # a window would span two blocks: refused
-            assert not r.ok and "more than one block" in r.reason, r.reason
+        if c.mma == "mma-rows" and c.span != rows_span(c.load_bytes, bs):    # windows over other block counts
+            assert not r.ok and f"built for span {c.span}" in r.reason, r.reason
             continue
         assert r.ok, f"{c.short()} {prob.label()}: {r.reason}"
         assert len(r.checked) == 3
@@ -173,6 +192,25 @@ def test_large_k_and_the_five_target_shapes(seed):
     assert not r.ok and "shared memory" in r.reason
 
 
+@pytest.mark.parametrize("index", SPAN_CONFIGS)
+def test_windows_over_several_blocks_at_their_blocksize(seed, index):
+    """span 2 / 4 at the blocksize each serves, with nf4 and fp4, bf16 and fp16 (the gate's three shapes: odd
+    N, a batch not filling the tile, a short K whose last window is partial), and the candidate at the large
+    target shapes."""
+    m, knobs = CONFIGS[index]
+    bs = 8 * knobs["load_bytes"] // knobs["span"]
+    for dtype in ("bf16", "fp16"):
+        for quant in ("nf4", "fp4"):
+            c = MM.config(**knobs, dtype=dtype, quant=quant, m=m)
+            r = check_config(c, P(1000, 2048, m, dtype, quant, bs), seed=seed)
+            assert r.ok and len(r.checked) == 3, f"{c.short()} bs{bs}: {r.reason}"
+    if index == SPAN_CONFIGS[0]:
+        for n, k in ((28672, 8192), (4096, 14336), (1024, 4096)):
+            c = MM.config(**knobs, m=m)
+            r = check_config(c, P(n, k, m, bs=bs), seed=seed)
+            assert r.ok, f"{c.short()} {n}x{k}: {r.reason}"
+
+
 def test_plain_absmax(seed):
     from dataclasses import replace
 
@@ -188,7 +226,8 @@ def test_plain_absmax(seed):
                   CONFIGS[14][1], CONFIGS[17][1], dict(CONFIGS[18][1], mtile=8), CONFIGS[19][1], CONFIGS[20][1],
                   CONFIGS[23][1], CONFIGS[25][1], CONFIGS[26][1], dict(CONFIGS[28][1], mtile=8), CONFIGS[29][1],
                   dict(CONFIGS[30][1], mtile=8), CONFIGS[31][1], CONFIGS[32][1], CONFIGS[33][1], CONFIGS[36][1],
-                  CONFIGS[37][1], CONFIGS[40][1], CONFIGS[41][1], CONFIGS[42][1], CONFIGS[43][1], CONFIGS[44][1]):
+                  CONFIGS[37][1], CONFIGS[40][1], CONFIGS[41][1], CONFIGS[42][1], CONFIGS[43][1], CONFIGS[44][1],
+                  CONFIGS[47][1], CONFIGS[48][1], CONFIGS[49][1]):
         c = MM.config(**knobs, m=8 if knobs.get("mma") == "mma" else 2)
         out = MM.new_output(plain)
         bind(load_kernel(c), plain, out)()

@@ -60,7 +60,8 @@ class Knob:
 
     ``codes`` maps a value to the macro's value (default: the value itself for integers, else its
     index in ``values``). ``label`` formats the value in a config's short label (``""`` hides
-    it; None values are never shown)."""
+    it; None values and the values in ``hidden`` are never shown: a knob added later leaves the
+    labels of the configs that keep its old behaviour as they were)."""
 
     name: str
     values: tuple
@@ -69,6 +70,7 @@ class Knob:
     codes: Optional[dict] = None
     label: str = "{}"
     help: str = ""
+    hidden: tuple = ()
 
     def __post_init__(self):
         if self.role not in ROLES:
@@ -139,7 +141,7 @@ class Config:
     def short(self) -> str:
         parts = []
         for k, v in zip(self.family.knobs, self.values):
-            if v is None or not k.label:
+            if v is None or not k.label or v in k.hidden:
                 continue
             parts.append(k.label.format(v))
         return " ".join(parts)

@@ -111,13 +111,22 @@ def ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch, stages=0, f
     return (1 + prefetch) * unroll * per_window
 
 
-def rows_registers(load_bytes, rows_per_warp, unroll, prefetch) -> int:
+def rows_registers(load_bytes, rows_per_warp, unroll, prefetch, span=1) -> int:
     """32-bit registers the row-tile tensor-core path (mma-rows) holds for its loads in flight: per
-    group, W of ``unroll`` windows (rows g and g+8 of each m16 tile) and one block's raw statistics per
-    row; twice that with the prefetch. A is read from its shared-memory stage window by window."""
+    group, W of ``unroll`` windows (rows g and g+8 of each m16 tile) and the raw statistics of a lane's
+    share of the group's ``unroll`` x ``span`` blocks per row (a quad loads them: one block per lane and
+    row while there are at most 4); twice that with the prefetch. A is read from its shared-memory stage
+    window by window."""
     words = max(1, load_bytes // 4)
     rt = rows_per_warp // 16
-    return (1 + prefetch) * (unroll * rt * 2 * words + rt * 2 * 2)
+    slots = -(-unroll * span // 4)
+    return (1 + prefetch) * (unroll * rt * 2 * words + slots * rt * 2 * 2)
+
+
+def rows_span(load_bytes, blocksize) -> int:
+    """The blocks a window of the row-tile tensor-core path spans (its ``span`` knob must match): a
+    window is 8 x ``load_bytes`` values."""
+    return max(1, 8 * load_bytes // blocksize)
 
 
 def rows_stage_bytes(kper, arows, act_bytes=2) -> int:
@@ -170,13 +179,19 @@ def bulk_ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps, arows) -> 
     return stages * stage + zero
 
 
-def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, persist, prefetch, stages, feed, stats):
+def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, persist, prefetch, stages, feed, stats,
+              span):
+    if span != 1 and mma != "mma-rows":
+        return "span (a window over several blocks) is a knob of the row-tile tensor-core path (mma-rows)"
     if mma == "mma-rows":
         if persist or stages or feed != "lanes" or stats != "lanes":
             return "persist, stages, feed and stats are knobs of the K-split tensor-core path (mma-ks)"
         if astage != "shared":
             return "the row-tile tensor-core path stages A in shared memory (astage shared)"
-        regs = rows_registers(load_bytes, rows_per_warp, unroll, prefetch)
+        if 8 * load_bytes < 32 * span:
+            return (f"span {span}: a window of {8 * load_bytes} values in {span} parts of fewer than 32 values "
+                    "(the smallest blocksize) never needs it")
+        regs = rows_registers(load_bytes, rows_per_warp, unroll, prefetch, span)
         if regs > ROWS_MAX_LOAD_REGISTERS:
             return f"{regs} registers of loads in flight exceed {ROWS_MAX_LOAD_REGISTERS} (mma-rows)"
         return None
@@ -240,9 +255,17 @@ def _prefetch_simt(mma, prefetch):
     return None
 
 
-def _tile_fits_batch(mma, mtile, m):
+def _tile_fits_batch(mma, mtile, m, span):
     if mma == "simt" and mtile > m:
         return f"mtile {mtile} exceeds the batch bucket {m}"
+    if span > 1 and mma == "mma-rows" and mtile >= 8:
+        # a window over span blocks: mtile / span batch rows per CTA (other paths refuse span, _ks_shape)
+        if mtile // span < m:
+            return (f"span {span} leaves {mtile // span} batch rows of mtile {mtile} per CTA, fewer than the batch "
+                    f"bucket {m}: W would be read {-(-m // (mtile // span))} times")
+        if mtile == 16 and m <= 8 // span:
+            return f"a 16-row batch tile wastes half the tensor core at batch {m} (span {span})"
+        return None
     if mma != "simt" and mtile == 16 and m <= 8:
         return f"a 16-row batch tile wastes half the tensor core at batch {m}"
     return None
@@ -314,9 +337,12 @@ class MatmulPlan:
         self.ring = c.stages > 0 and c.stats != "tile"     # statistics copied in aligned 4-byte words (check_stats)
         self.M, self.N, self.K = M, N, K
         self.blocksize, self.groupsize = blocksize, groupsize
-        if c.mma == "mma-rows" and 8 * c.load_bytes > blocksize:
-            raise UnsupportedInput(f"{c.short()}: a window of {8 * c.load_bytes} values spans more than one block of "
-                                   f"{blocksize} (the row-tile tensor-core path scales a window once)")
+        if c.mma == "mma-rows" and c.span != rows_span(c.load_bytes, blocksize):
+            need = rows_span(c.load_bytes, blocksize)
+            raise UnsupportedInput(f"{c.short()}: a window of {8 * c.load_bytes} values spans {need} block(s) of "
+                                   f"{blocksize}, the variant is built for span {c.span} (the row-tile tensor-core "
+                                   f"path scales each of a window's span parts once; span {need} serves this "
+                                   "blocksize)")
         if c.mma == "mma-ks":
             kit = 8 * c.load_bytes                              # K per window (a quad of lanes)
             if c.feed == "bulk":
@@ -329,7 +355,8 @@ class MatmulPlan:
         self.kper = kper
         self.splits = -(-K // kper)
         tiles = -(-N // rows_per_cta)
-        mtiles = -(-M // c.mtile)
+        batch_per_cta = c.mtile // c.span           # mma-rows with span > 1: each batch row takes span columns
+        mtiles = -(-M // batch_per_cta)
         act_bytes = OUT_BYTES[c.dtype]
         # a 64 KiB pair table (DYN_TABLE_LUTS) comes first in the dynamic shared memory, on every path that takes it
         lut_table = DYN_TABLE_BYTES if c.lut in DYN_TABLE_LUTS else 0
@@ -355,7 +382,7 @@ class MatmulPlan:
                                        f"{limits.smem_per_block_optin} per block")
         elif c.mma == "mma-rows":
             # (the lut table,) A's stage: the batch rows this launch has (at most the tile's)
-            staged = rows_stage_bytes(kper, min(c.mtile, M), act_bytes)
+            staged = rows_stage_bytes(kper, min(batch_per_cta, M), act_bytes)
             self.smem = lut_table + staged
             static = 64 + 1024 + (256 * 32 * 4 if c.lut == "pair" else 0)      # 16-entry lut, code2, pair table
             if self.smem + static > limits.smem_per_block_optin:
@@ -511,6 +538,11 @@ class MatmulFamily(Family):
              help="SIMT and mma-ks: load the next step's W and statistics before computing the current one"),
         Knob("unroll", (1, 2, 4), "source", "NF4T_UNROLL", label="u{}",
              help="mma-ks, mma-rows: windows of K whose loads are all issued before the first is used"),
+        Knob("span", (1, 2, 4), "source", "NF4T_SPAN", label="sp{}", hidden=(1,),
+             help="mma-rows: blocks a window (8 x load_bytes values) spans; 2 and 4 give each block's part of "
+                  "the window its own columns of the mma's n8 (8 / span batch rows per n8 tile), so 16-byte "
+                  "loads work at blocksize 64 with one mma per window; must equal 8 x load_bytes / blocksize "
+                  "(at least 1) of the problem"),
         Knob("persist", (0, 1), "source", "NF4T_PERSIST", label="p{}",
              help="mma-ks: a few CTAs per SM loop over the row tiles (tables filled once per CTA)"),
         Knob("stages", (0, 2, 4), "source", "NF4T_STAGES", label="st{}",
@@ -530,18 +562,19 @@ class MatmulFamily(Family):
     )
     constraints = (
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "scale", "dtype"), _path_shape),
-        Constraint(("mma", "mtile", "m"), _tile_fits_batch),
+        Constraint(("mma", "mtile", "m", "span"), _tile_fits_batch),
         Constraint(("mma", "prefetch"), _prefetch_simt),
         Constraint(("mma", "warps"), _warps_path),
         Constraint(("mma", "lut", "dtype"), _lut_path),
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "warps", "astage", "unroll", "persist",
-                    "prefetch", "stages", "feed", "stats"), _ks_shape),
+                    "prefetch", "stages", "feed", "stats", "span"), _ks_shape),
     )
     constraint_text = (
         "mma: load_bytes 16, rows_per_warp 16/32/64, mtile 8/16, scale value, dtype bf16/fp16",
         "simt: rows_per_warp <= 32, mtile <= 8, mtile*2*load_bytes <= 64 registers of A, "
         "rows_per_warp*load_bytes <= 128 bytes in flight, mtile*rows_per_warp <= 32 accumulators",
-        "simt: mtile <= the batch bucket m; mma, mma-ks, mma-rows: mtile 8 when m <= 8",
+        "simt: mtile <= the batch bucket m; mma, mma-ks, mma-rows: mtile 8 when m <= 8 (mma-rows with span: "
+        "mtile / span batch rows per CTA, at least m; mtile 8 when m <= 8 / span)",
         "warps 12, 14, 16: simt and mma-rows only",
         "mma-ks: rows_per_warp 16/32 (rows per CTA), mtile 8/16, scale block, A global, dtype bf16/fp16, "
         "warps*rows*mtile <= 2048, loads in flight <= 128 registers, the ring (stages) <= 160 KiB and without "
@@ -552,11 +585,13 @@ class MatmulFamily(Family):
         "lut pairmix: simt only, bf16/fp16 (float and 16-bit pairs; its table needs the shared-memory opt-in)",
         "mma-rows: rows_per_warp 16/32 (rows per warp), mtile 8/16, scale block, A shared, lut pair/pairx, "
         f"dtype bf16/fp16, loads in flight <= {ROWS_MAX_LOAD_REGISTERS} registers; warps up to 16; unroll, no "
-        "persist/stages/feed/stats; plan time: 8 x load_bytes <= blocksize, A's stage fits the opt-in",
+        "persist/stages/feed/stats; span 2/4 only here, with parts of at least 32 values (8 x load_bytes >= "
+        "32 x span); plan time: span == max(1, 8 x load_bytes / blocksize), A's stage fits the opt-in",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
-                    astage="global", scale="block", wload="stream", prefetch=0, unroll=1, persist=0, stages=0, feed="lanes", stats="lanes",
+                    astage="global", scale="block", wload="stream", prefetch=0, unroll=1, span=1, persist=0, stages=0,
+                    feed="lanes", stats="lanes",
                     dtype="bf16",
                     quant="nf4", m=1)
     presets = {
@@ -565,7 +600,7 @@ class MatmulFamily(Family):
                          astage="global", scale="value", wload="plain", prefetch=0),
     }
     refine_order = ("ksplit", "warps", "rows_per_warp", "prefetch", "wload", "scale", "load_bytes", "mtile", "mma",
-                    "lut", "astage", "unroll", "persist", "stages",
+                    "lut", "astage", "unroll", "span", "persist", "stages",
                     "feed", "stats")
     peer_label = REF_BNB_MATMUL
     ceiling_label = REF_READ
