@@ -10,7 +10,8 @@
 # with each block's part in its own batch columns of the n8 (span 2: 4 batch rows per n8, so M <= 4 with
 # MTILES=8, M = 8 with MTILES=16). Session 11's profile: the 8-byte loads touch 16 L1 lines per 512 bytes
 # (L1/TEX 80% busy); 16-byte loads touch 8. A span that does not match the problem's blocksize is refused
-# at plan time (a failed config in the screen, with the reason).
+# at plan time (a failed config in the screen, with the reason). LUTS=pairx,prmt adds the byte-permute decode
+# (codes in registers: no lookups through the L1, about twice the loop's instructions).
 # Usage: [M=1] [MTILES=8] [LUTS=pair,pairx] [WARPS=8,14,16] [UNROLLS=1,2,4] [LOADS=4,8] [SPANS=1]
 #        [KSPLITS=1,2,4] [NAME=rows] [TABLES=..] bash ci/explore-rows.sh [PROBLEMS...]
 #        (the screen: ci/explore-screen.sh)

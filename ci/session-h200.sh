@@ -86,7 +86,10 @@ R16="{$RW,\"load_bytes\":16,\"span\":2,\"mtile\":8,\"warps\":16,\"ksplit\":1,\"u
 R17="{$RW,\"load_bytes\":16,\"span\":2,\"mtile\":8,\"warps\":8,\"ksplit\":2,\"unroll\":2,\"prefetch\":1,\"lut\":\"pairx\"}"
 R18="{$RW,\"load_bytes\":16,\"span\":2,\"mtile\":16,\"warps\":8,\"ksplit\":1,\"unroll\":2,\"prefetch\":1,\"lut\":\"pairx\"}"
 R19="{$RW,\"load_bytes\":16,\"span\":2,\"mtile\":16,\"warps\":16,\"ksplit\":1,\"unroll\":1,\"prefetch\":1,\"lut\":\"pairx\"}"
-export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5|$P1|$P2|$A1|$A2|$A3|$A4|$A5|$A6|$A7|$A8|$A9|$A10|$A11|$A12|$A13|$A14|$A15|$A16|$A17|$R1|$R2|$R3|$R4|$R5|$R6|$R14|$R15|$R16|$R17"
+# ... and the byte-permute decode (lut prmt: no table, no lookups through L1; about 7 instructions per packed
+# byte against pairx's 3.6): whether mma-rows is bound by the L1's requests or by its issue slots
+R20="{$RW,\"load_bytes\":16,\"span\":2,\"mtile\":8,\"warps\":16,\"ksplit\":1,\"unroll\":1,\"prefetch\":1,\"lut\":\"prmt\"}"
+export MM_CANDIDATES_1="$K1|$K2|$K3|$K4|$S1|$S2|$S3|$S4|$S5|$X1|$X2|$X3|$X4|$X5|$P1|$P2|$A1|$A2|$A3|$A4|$A5|$A6|$A7|$A8|$A9|$A10|$A11|$A12|$A13|$A14|$A15|$A16|$A17|$R1|$R2|$R3|$R4|$R5|$R6|$R14|$R15|$R16|$R17|$R20"
 export MM_CANDIDATES_8="$K1|$K2|$K3|$K4|$R5|$R7|$R8|$R11|$R12|$R18|$R19"
 export MM_CANDIDATES_16="$L1|$L2|$L3|$M16|$R9|$R10|$R13"
 export MM_CANDIDATES_32="$L1|$L2|$L3|$M16"

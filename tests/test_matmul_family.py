@@ -563,7 +563,7 @@ def test_the_row_tile_tensor_core_path(compile_cache):
     assert c.warps == 14 and MM.config(**rows, warps=16, m=8).warps == 16
     with pytest.raises(InvalidConfig, match="stages A in shared memory"):
         MM.config(**dict(rows, astage="global"), m=1)
-    with pytest.raises(InvalidConfig, match="16-bit pair tables"):
+    with pytest.raises(InvalidConfig, match="16-bit code pairs"):
         MM.config(**dict(rows, lut="shared"), m=1)
     with pytest.raises(InvalidConfig, match="knobs of the K-split tensor-core path"):
         MM.config(**rows, persist=1, m=1)
@@ -580,7 +580,8 @@ def test_the_row_tile_tensor_core_path(compile_cache):
     assert rows_registers(16, 32, 4, 1) == 2 * (4 * 2 * 2 * 4 + 2 * 2 * 2)
     with pytest.raises(InvalidConfig, match="registers of loads in flight"):
         MM.config(**dict(rows, load_bytes=16, rows_per_warp=32), unroll=4, prefetch=1, m=1)
-    assert {x.lut for x in MM.iter_space(dtype=["bf16"], quant=["nf4"], m=[1], mma=["mma-rows"])} == {"pair", "pairx"}
+    assert {x.lut for x in MM.iter_space(dtype=["bf16"], quant=["nf4"], m=[1], mma=["mma-rows"])} == {"pair", "pairx",
+                                                                                                     "prmt"}
 
     h200 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
     p = MatmulPlan(c, 1, 28672, 8192, 64, 256, h200, device="cpu")
@@ -700,6 +701,13 @@ def test_the_span_loop_loads_w_in_16_bytes_with_fewer_instructions_per_byte(comp
         widths[span] = {w for w in ("LDG.E.NA.128", "LDG.E.NA.64") if w in sass}
     assert widths == {1: {"LDG.E.NA.64"}, 2: {"LDG.E.NA.128"}}, widths
     assert per_byte[2] <= per_byte[1], per_byte
+    # the byte-permute decode on the same loop: no table lookups (its shared loads are A's chunks only), the
+    # codes from register byte tables at about 3.5 permutes per packed byte
+    c = MM.config(**dict(rows, lut="prmt"), load_bytes=16, unroll=2, span=2)
+    best = min(loops(disassemble(compile_config(c, "sm_90", cache_dir=compile_cache).cubin), min_len=150),
+               key=lambda lp: lp.path)
+    mix = dict(best.mix)
+    assert mix.get("LDS", 0) <= 12 and mix.get("PRMT", 0) >= 3 * 64 and mix.get("HMMA", 0) == 16, mix
 
 
 def test_the_row_tile_loop_takes_about_half_the_instructions_per_byte_of_simts(compile_cache):

@@ -151,6 +151,12 @@ CONFIGS = [
              lut="pairx", astage="shared", unroll=4, span=2)),
     (2, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=8, ksplit=1, scale="block",
              lut="pairx", astage="shared", unroll=2, span=4)),
+    # ... with the byte-permute decode (codes in registers, no table): span 2 with the prefetch, and 8-byte
+    # loads in one block with split-K at batch 8
+    (1, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=16, ksplit=1, scale="block",
+             lut="prmt", astage="shared", unroll=1, prefetch=1, span=2)),
+    (8, dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=8, warps=8, ksplit=2, scale="block",
+             lut="prmt", astage="shared", unroll=2, prefetch=1)),
 ]
 #: the configs with windows over several blocks (span > 1), each served at one blocksize
 SPAN_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("span", 1) > 1]

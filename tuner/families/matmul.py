@@ -43,8 +43,9 @@ DYN_TABLE_LUTS = ("pairx", "pairf", "pairmix")
 DYN_TABLE_BYTES = 256 * 256
 #: the LUTs that decode to float pairs for the CUDA cores' FMAs: the SIMT path only
 FLOAT_PAIR_LUTS = ("pairf", "pairmix")
-#: the LUTs of the row-tile tensor-core path (mma-rows): the 16-bit pair tables
-ROWS_LUTS = ("pair", "pairx")
+#: the LUTs of the row-tile tensor-core path (mma-rows): the 16-bit pair tables, and the byte-permute
+#: decode (the codes in registers: about twice the loop's instructions, no shared-memory lookups)
+ROWS_LUTS = ("pair", "pairx", "prmt")
 #: the row-tile tensor-core path's registers of loads in flight, at most
 ROWS_MAX_LOAD_REGISTERS = 48
 
@@ -227,7 +228,7 @@ def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, pers
 
 def _lut_path(mma, lut, dtype):
     if mma == "mma-rows" and lut not in ROWS_LUTS:
-        return f"the row-tile tensor-core path decodes through the 16-bit pair tables ({', '.join(ROWS_LUTS)})"
+        return f"the row-tile tensor-core path decodes to 16-bit code pairs ({', '.join(ROWS_LUTS)})"
     if lut in PAIR16_LUTS and (mma == "mma" or dtype == "fp32"):
         return (f"lut {lut} decodes to 16-bit operand pairs: the K-split tensor-core path and SIMT, with bf16 or "
                 "fp16 activations")
@@ -580,10 +581,11 @@ class MatmulFamily(Family):
         "warps*rows*mtile <= 2048, loads in flight <= 128 registers, the ring (stages) <= 160 KiB and without "
         "prefetch; the bulk feed with stages; stats tile not with the bulk feed; unroll, persist, stages, feed, "
         "stats only here",
-        "lut prmt/pairx: mma-ks or simt, bf16/fp16 (16-bit code pairs; simt's pairx table needs the shared-memory opt-in)",
+        "lut prmt/pairx: mma-ks, mma-rows or simt, bf16/fp16 (16-bit code pairs; simt's pairx table needs the "
+        "shared-memory opt-in)",
         "lut pairf: simt only (float pairs; its table needs the shared-memory opt-in)",
         "lut pairmix: simt only, bf16/fp16 (float and 16-bit pairs; its table needs the shared-memory opt-in)",
-        "mma-rows: rows_per_warp 16/32 (rows per warp), mtile 8/16, scale block, A shared, lut pair/pairx, "
+        "mma-rows: rows_per_warp 16/32 (rows per warp), mtile 8/16, scale block, A shared, lut pair/pairx/prmt, "
         f"dtype bf16/fp16, loads in flight <= {ROWS_MAX_LOAD_REGISTERS} registers; warps up to 16; unroll, no "
         "persist/stages/feed/stats; span 2/4 only here, with parts of at least 32 values (8 x load_bytes >= "
         "32 x span); plan time: span == max(1, 8 x load_bytes / blocksize), A's stage fits the opt-in",
