@@ -1340,6 +1340,18 @@ __device__ __forceinline__ void tc_scale_add(float (&acc)[NF4T_RT][NF4T_NT][4], 
         }
 }
 
+// ... with a scale per column (mma-rows, NF4T_SPAN > 1: column 2t + i holds a part of its own block):
+// sc[rt][h][i] for row g + 8h, column 2t + i
+__device__ __forceinline__ void tc_scale_add(float (&acc)[NF4T_RT][NF4T_NT][4], const float (&cp)[NF4T_RT][NF4T_NT][4],
+                                             const float (&sc)[NF4T_RT][2][2]) {
+#pragma unroll
+    for (int rt = 0; rt < NF4T_RT; ++rt)
+#pragma unroll
+        for (int nt = 0; nt < NF4T_NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[rt][nt][i] = fmaf(sc[rt][i >> 1][i & 1], cp[rt][nt][i], acc[rt][nt][i]);
+}
+
 // stab (NF4T_STATS 1): the tile's scale table, offset to block column 0 and to the lane's row g
 __device__ __forceinline__ void ks_compute(const KsGroup& G, float (&acc)[NF4T_RT][NF4T_NT][4], const Scales& s,
                                            u32 nb, u32 sub, u32 lane, u32 lane4, const float* stab) {
@@ -1654,17 +1666,7 @@ __device__ __forceinline__ void rows_compute(const RowsGroup& G, float (&acc)[NF
         float cp[NF4T_RT][NF4T_NT][4];
         tc_zero(cp);
         tc_window_mma(G.w[u], a, lane4, cp);
-#if NF4T_SPAN == 1
         tc_scale_add(acc, cp, sc);
-#else
-#pragma unroll
-        for (int rt = 0; rt < NF4T_RT; ++rt)
-#pragma unroll
-            for (int nt = 0; nt < NF4T_NT; ++nt)
-#pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    acc[rt][nt][i] = fmaf(sc[rt][i >> 1][i & 1], cp[rt][nt][i], acc[rt][nt][i]);
-#endif
     }
 }
 
