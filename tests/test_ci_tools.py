@@ -98,3 +98,39 @@ def test_sass_loops_count_the_body_and_the_first_arms():
     assert (lp.start, lp.end, lp.static, lp.path) == (1, 9, 9, 6)
     assert dict(lp.mix) == {"IADD3": 1, "BRA": 3, "LDG": 1, "FFMA": 1}
     assert len(loops("\n".join(lines), min_len=2)) == 2
+
+
+def _final(shape, m, bnb_us, rows, gpu="NVIDIA H100 80GB HBM3"):
+    """An exhaustive report as `bench --exhaustive -o` writes it: rows are (label, status, us, knobs)."""
+    results = [dict(label="bnb matmul_4bit", config=None, status="reference", median_us=bnb_us, pct_copy=30.0)]
+    results += [dict(label=lab, config=dict(mma="simt", m=m, **knobs), status=st, median_us=us, pct_copy=70.0)
+                for lab, st, us, knobs in rows]
+    prob = dict(family="matmul", shape=list(shape), dtype="bf16", quant="nf4", blocksize=64, m=m)
+    return dict(problem=prob, final=dict(problem=prob, results=results, peer_label="bnb matmul_4bit",
+                                         gpu_before=dict(gpu_name=gpu)))
+
+
+def test_table_from_screens_takes_each_problems_fastest_valid_config_faster_than_bnb(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps([_final((8192, 8192), 1, 38.0, [("x", "ok", 22.0, dict(warps=16)),
+                                                              ("y", "invalid", None, dict(warps=8)),
+                                                              ("z", "ok", 25.0, dict(warps=14))]),
+                             _final((4096, 4096), 1, 10.0, [("x", "ok", 11.0, dict(warps=16))])]))
+    # a second screen of the same problem: its faster config wins
+    b.write_text(json.dumps([_final((8192, 8192), 1, 37.0, [("w", "ok", 21.5, dict(warps=4))])]))
+    out = tmp_path / "new.json"
+    run = subprocess.run([sys.executable, str(CI / "table_from_screens.py"), str(a), str(b), "-o", str(out)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    t = json.loads(out.read_text())
+    assert t["format"] == 2 and len(t["entries"]) == 1      # 4096x4096: slower than bnb, no entry
+    e = t["entries"][0]
+    assert (e["gpu"], e["shape"], e["m"], e["config"]["warps"], e["median_us"]) == (
+        "NVIDIA H100 80GB HBM3", [8192, 8192], 1, 4, 21.5)
+    assert abs(e["speedup_vs_bnb"] - 37.0 / 21.5) < 1e-12
+    # a file that is not an exhaustive report: a message, exit 1, nothing written
+    bad, out2 = tmp_path / "bad.json", tmp_path / "out2.json"
+    bad.write_text(json.dumps([dict(problem={})]))
+    run = subprocess.run([sys.executable, str(CI / "table_from_screens.py"), str(bad), "-o", str(out2)],
+                         capture_output=True, text=True)
+    assert run.returncode == 1 and "not an exhaustive report" in run.stderr and not out2.exists()
