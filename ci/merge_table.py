@@ -8,12 +8,11 @@ as-served benchmark and the decode read the table that will be committed)
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 
 sys.path.insert(0, __file__.rsplit("/ci/", 1)[0])
 
+from tuner._files import atomic_write  # noqa: E402
 from tuner.serve.table import TABLE_FORMAT, ConfigTable  # noqa: E402
 
 
@@ -53,15 +52,10 @@ def main(argv=None) -> int:
         with open(a.new) as f:
             new = json.load(f)
         merged, replaced, added = merge(base, new)
+        atomic_write(a.output, json.dumps(merged, indent=2) + "\n")
     except (OSError, ValueError, KeyError) as e:
         print(f"merge_table: {e}", file=sys.stderr)
         return 1
-    d = os.path.dirname(os.path.abspath(a.output))
-    fd, tmp = tempfile.mkstemp(dir=d, suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(merged, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, a.output)
     print(f"{a.output}: {replaced} entries replaced, {added} added, {len(merged['entries'])} in all")
     return 0
 

@@ -9,12 +9,11 @@ Usage: python3 ci/table_from_screens.py SCREEN.json [...] -o NEW.json
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 
 sys.path.insert(0, __file__.rsplit("/ci/", 1)[0])
 
+from tuner._files import atomic_write  # noqa: E402
 from tuner.serve.table import TABLE_FORMAT, ConfigTable  # noqa: E402
 
 
@@ -64,15 +63,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         table = table_from_screens(args.screens)
+        atomic_write(args.output, json.dumps(table, indent=2) + "\n")
     except (OSError, ValueError, KeyError) as e:
         print(f"table_from_screens: {e}", file=sys.stderr)
         return 1
-    d = os.path.dirname(os.path.abspath(args.output))
-    fd, tmp = tempfile.mkstemp(dir=d, suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(table, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, args.output)
     for e in table["entries"]:
         print(f"{e['gpu']} {e['shape'][0]}x{e['shape'][1]} m{e['m']}: {e['median_us']:.2f} us, "
               f"{e['speedup_vs_bnb']:.2f}x bnb ({e['config'].get('mma')})")
