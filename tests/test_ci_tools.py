@@ -134,3 +134,24 @@ def test_table_from_screens_takes_each_problems_fastest_valid_config_faster_than
     run = subprocess.run([sys.executable, str(CI / "table_from_screens.py"), str(bad), "-o", str(out2)],
                          capture_output=True, text=True)
     assert run.returncode == 1 and "not an exhaustive report" in run.stderr and not out2.exists()
+
+
+def test_served_config_prints_what_the_runtime_serves_or_nothing_where_bnb_does(tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, str(CI / "served_config.py"), *args], capture_output=True, text=True)
+
+    table = tmp_path / "t.json"
+    e = dict(gpu="GPU X", family="matmul", shape=[8192, 8192], dtype="bf16", quant="nf4", blocksize=64,
+             config=dict(mma="simt", warps=16, m=1))
+    table.write_text(json.dumps(dict(format=2, entries=[dict(e, m=1, speedup_vs_bnb=1.7),
+                                                         dict(e, m=8, config=dict(mma="simt", m=8),
+                                                              speedup_vs_bnb=0.9)])))
+    got = run("8192x8192", "1", "--gpu", "GPU X", "--table", str(table))
+    assert got.returncode == 0 and json.loads(got.stdout)["warps"] == 16
+    # slower than bnb at that bucket, another GPU, or no entry: bnb serves, nothing printed
+    for args in (("8192x8192", "8", "--gpu", "GPU X"), ("8192x8192", "1", "--gpu", "GPU Y"),
+                 ("4096x4096", "1", "--gpu", "GPU X")):
+        got = run(*args, "--table", str(table))
+        assert got.returncode == 0 and got.stdout == "", (args, got.stdout)
+    bad = run("8192x8192", "1", "--gpu", "GPU X", "--table", str(tmp_path / "missing.json"))
+    assert bad.returncode == 1 and "cannot read the config table" in bad.stderr
