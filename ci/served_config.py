@@ -34,8 +34,7 @@ def main(argv=None) -> int:
     ap.add_argument("--table", help="a configs.json (default: the runtime's table)")
     a = ap.parse_args(argv)
     try:
-        n, k = (int(x) for x in a.shape.lower().split("x"))
-        problem = Problem((n, k), a.dtype, a.quant, a.blocksize, "matmul", a.m)
+        problem = Problem(Problem.parse_shape(a.shape), a.dtype, a.quant, a.blocksize, "matmul", a.m)
         if a.table:
             T.use_configs(a.table)
         gpu = a.gpu

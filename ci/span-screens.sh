@@ -15,11 +15,12 @@ PROBLEMS=${PROBLEMS:-"28672x8192:1 14336x4096:1 4096x14336:1 8192x8192:1 4096x40
 for p in $PROBLEMS; do
   shape=${p%%:*} m=${p##*:}
   mt=8; [ "$m" -gt 4 ] && mt=16
-  given=$(python3 ci/served_config.py "$shape" "$m") || exit 1
+  given=$(python3 ci/served_config.py "$shape" "$m") || { echo "span-screens: no served config for $shape M=$m" >&2; exit 1; }
   echo "== $shape M=$m (served: ${given:-bnb})"
   OUT=$work GIVEN="$given" NAME=span SPANS=2 LOADS=16 LUTS=pairx MTILES=$mt WARPS=8,14,16 UNROLLS=1,2 KSPLITS=1,2,4 \
     M=$m STAGE_TIMEOUT=${STAGE_TIMEOUT:-60} TABLES= bash "$(dirname "$0")/explore-rows.sh" "$shape" | grep -E "^(exhaustive|given)"
 done 2>&1 | tee "$OUT/span-screens.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || exit 1     # the loop runs in a subshell: its exit stops the table step here
 python3 ci/table_from_screens.py "$work"/span-m*-*.json -o "$OUT/span-table.json" | tee -a "$OUT/span-screens.txt"
 tar -czf "$OUT/span-screens.tar.gz" -C "$work" .
 rm -rf "$work"
