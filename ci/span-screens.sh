@@ -5,7 +5,9 @@
 # serving-table entries (ci/table_from_screens.py: the fastest gated config per problem, where faster than
 # bnb). Everything lands in $OUT/span-screens.tar.gz (the device returns at most 8 files) plus
 # $OUT/span-table.json and $OUT/span-screens.txt (each problem's best and the served kernel's ratio).
-# Usage: [PROBLEMS='28672x8192:1 8192x8192:8 ...'] [STAGE_TIMEOUT=60] bash ci/span-screens.sh
+# Usage: [PROBLEMS='28672x8192:1 8192x8192:8 ...'] [STAGE_TIMEOUT=60] [WARPS=8,14,16] [UNROLLS=1,2]
+#        [KSPLITS=1,2,4] [PREFETCHES=0,1] [PQS=0] bash ci/span-screens.sh
+#        (PQS=0,1,2: session 14's prmt_quarters, part of pairx's decode by byte permutes)
 set -uo pipefail
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/.devsite:$PWD PYTHONUNBUFFERED=1
@@ -17,7 +19,8 @@ for p in $PROBLEMS; do
   mt=8; [ "$m" -gt 4 ] && mt=16
   given=$(python3 ci/served_config.py "$shape" "$m") || { echo "span-screens: no served config for $shape M=$m" >&2; exit 1; }
   echo "== $shape M=$m (served: ${given:-bnb})"
-  OUT=$work GIVEN="$given" NAME=span SPANS=2 LOADS=16 LUTS=pairx MTILES=$mt WARPS=8,14,16 UNROLLS=1,2 KSPLITS=1,2,4 \
+  OUT=$work GIVEN="$given" NAME=span SPANS=2 LOADS=16 LUTS=pairx MTILES=$mt WARPS=${WARPS:-8,14,16} \
+    UNROLLS=${UNROLLS:-1,2} KSPLITS=${KSPLITS:-1,2,4} PQS=${PQS:-0} PREFETCHES=${PREFETCHES:-0,1} \
     M=$m STAGE_TIMEOUT=${STAGE_TIMEOUT:-60} TABLES= bash "$(dirname "$0")/explore-rows.sh" "$shape" | grep -E "^(exhaustive|given)"
 done 2>&1 | tee "$OUT/span-screens.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1     # the loop runs in a subshell: its exit stops the table step here

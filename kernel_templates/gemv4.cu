@@ -84,6 +84,11 @@
 //                and each part takes its own columns of the mma's n8 (8/SPAN batch rows per n8 tile), so
 //                one mma still covers the window and the parts' sums are scaled apart and added at the
 //                end: 16-byte loads at blocksize 64 without a second mma per block.
+//   NF4T_PRMTQ   mma-rows with lut pairx: quarters of a lane's packed bytes decoded by lut prmt's byte
+//                permutes instead of the pair table (0, 1, 2): the byte pairs h of a load with h % 4 < PRMTQ.
+//                pairx costs a permute and a shared load per byte (the L1 pipe that W's loads share:
+//                84% busy in session 13's profile), prmt about 5.5 ALU instructions and no memory; a mix
+//                moves part of the decode off the L1 pipe. The same 16-bit codes: the same sums bit for bit.
 //   NF4T_PERSIST mma-ks: 1 a few CTAs per SM loop over the row tiles.
 //   NF4T_STAGES  mma-ks: 0 W goes global -> registers (NF4T_PREFETCH decides how far ahead); N > 0:
 //                W goes global -> shared memory by cp.async, in a per-warp ring N groups deep, so the
@@ -315,7 +320,7 @@ __device__ __forceinline__ void unpack2(u32 w, float& lo, float& hi) {
 }
 
 // ---------------------------------------------------------------- 16-bit code pairs and the decoder
-#if NF4T_LUT == 3
+#if NF4T_LUT == 3 || NF4T_PRMTQ > 0
 // NF4T_LUT 3 (prmt): the 16 codes rounded to the operand dtype, as two byte tables (low bytes
 // T_L0..3, high bytes T_H0..3: 4 entries per register) held in registers; byte permutes look up
 // four nibbles at once (prmt picks a byte out of 8 by a 3-bit index: codes 0-7 from one register
@@ -397,6 +402,9 @@ __device__ __forceinline__ u32 pair16(u32 w, int j, u32 lane4) {
     const u32 off = (((w >> (8 * (j & 3))) & 0xffu) << 7) | lane4;
     return *reinterpret_cast<const u32*>(reinterpret_cast<const char*>(nf4t_pairs16) + off);
 #elif NF4T_LUT == 4
+#if NF4T_PRMTQ > 0
+    if (((j >> 1) & 3) < NF4T_PRMTQ) return prmt_pair(w, j & 3);   // j is a compile-time index: no branch
+#endif
     return *reinterpret_cast<const u32*>(reinterpret_cast<const char*>(nf4t_pairs16) + row_offset(w, j, lane4));
 #elif NF4T_LUT == 0
     const u32 hi4 = (w >> 2) & 0x3c3c3c3cu, lo4 = (w << 2) & 0x3c3c3c3cu;

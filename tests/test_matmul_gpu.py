@@ -157,7 +157,17 @@ CONFIGS = [
              lut="prmt", astage="shared", unroll=1, prefetch=1, span=2)),
     (8, dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=8, warps=8, ksplit=2, scale="block",
              lut="prmt", astage="shared", unroll=2, prefetch=1)),
+    # ... with part of pairx's decode moved to prmt's permutes (prmt_quarters): span 2 at batch 1 and with the
+    # 16-row batch tile and split-K at batch 8, and 8-byte loads in one block
+    (1, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=16, ksplit=1, scale="block",
+             lut="pairx", astage="shared", unroll=2, prefetch=1, span=2, prmt_quarters=1)),
+    (8, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=16, warps=14, ksplit=2, scale="block",
+             lut="pairx", astage="shared", unroll=2, prefetch=1, span=2, prmt_quarters=2)),
+    (4, dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=8, warps=8, ksplit=1, scale="block",
+             lut="pairx", astage="shared", unroll=4, prmt_quarters=1)),
 ]
+#: the configs that mix prmt into pairx's decode
+PRMTQ_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("prmt_quarters", 0)]
 #: the configs with windows over several blocks (span > 1), each served at one blocksize
 SPAN_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("span", 1) > 1]
 
@@ -215,6 +225,33 @@ def test_windows_over_several_blocks_at_their_blocksize(seed, index):
             c = MM.config(**knobs, m=m)
             r = check_config(c, P(n, k, m, bs=bs), seed=seed)
             assert r.ok, f"{c.short()} {n}x{k}: {r.reason}"
+
+
+@pytest.mark.parametrize("index", PRMTQ_CONFIGS)
+def test_prmt_quarters_give_the_pair_tables_sums_bit_for_bit(seed, index):
+    """The permutes decode the same 16-bit codes as the pair table and the mma order is unchanged, so a
+    config with prmt_quarters writes exactly the output of the same config without (nf4 and fp4, bf16 and
+    fp16, odd N, a K of several windows and a partial last one), and it passes the gate at a target shape."""
+    from tuner.kernel.launch import bind, load_kernel
+
+    m, knobs = CONFIGS[index]
+    bs = 8 * knobs["load_bytes"] // knobs.get("span", 1) if knobs.get("span", 1) > 1 else 64
+    for dtype in ("bf16", "fp16"):
+        for quant in ("nf4", "fp4"):
+            prob = P(999, 3 * 1024 + 2 * bs, m, dtype, quant, bs)
+            inputs = MM.make_inputs(prob, prob.shape, seed)
+            outs = []
+            for q in (knobs["prmt_quarters"], 0):
+                c = MM.config(**dict(knobs, prmt_quarters=q), dtype=dtype, quant=quant, m=m)
+                out = MM.new_output(inputs)
+                bind(load_kernel(c), inputs, out)()
+                torch.cuda.synchronize()
+                outs.append(out)
+            assert not torch.isnan(outs[0]).any(), f"{c.short()}: NaN left in the output"
+            assert torch.equal(outs[0], outs[1]), f"{c.short()} {prob.label()}: differs from lut pairx alone"
+    c = MM.config(**knobs, m=m)
+    r = check_config(c, P(28672, 8192, m, bs=bs), seed=seed)
+    assert r.ok, f"{c.short()} 28672x8192: {r.reason}"
 
 
 def test_plain_absmax(seed):

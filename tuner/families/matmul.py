@@ -237,6 +237,12 @@ def _lut_path(mma, lut, dtype):
     return None
 
 
+def _prmt_mix(mma, lut, prmt_quarters):
+    if prmt_quarters and (mma != "mma-rows" or lut != "pairx"):
+        return "prmt_quarters mixes lut prmt into lut pairx's decode on the row-tile tensor-core path (mma-rows) only"
+    return None
+
+
 def rounded_codes(config) -> bool:
     """The variant multiplies the codes rounded to the 16-bit activation dtype (the tensor-core paths,
     and SIMT with the 16-bit pair decodes lut prmt / pairx / pairmix, whose odd rows take them), not the exact
@@ -544,6 +550,9 @@ class MatmulFamily(Family):
                   "the window its own columns of the mma's n8 (8 / span batch rows per n8 tile), so 16-byte "
                   "loads work at blocksize 64 with one mma per window; must equal 8 x load_bytes / blocksize "
                   "(at least 1) of the problem"),
+        Knob("prmt_quarters", (0, 1, 2), "source", "NF4T_PRMTQ", label="pq{}", hidden=(0,),
+             help="mma-rows with lut pairx: quarters of the packed bytes decoded by lut prmt's byte permutes "
+                  "(ALU only) instead of the pair table's shared loads, which share the L1 pipe with W's loads"),
         Knob("persist", (0, 1), "source", "NF4T_PERSIST", label="p{}",
              help="mma-ks: a few CTAs per SM loop over the row tiles (tables filled once per CTA)"),
         Knob("stages", (0, 2, 4), "source", "NF4T_STAGES", label="st{}",
@@ -567,6 +576,7 @@ class MatmulFamily(Family):
         Constraint(("mma", "prefetch"), _prefetch_simt),
         Constraint(("mma", "warps"), _warps_path),
         Constraint(("mma", "lut", "dtype"), _lut_path),
+        Constraint(("mma", "lut", "prmt_quarters"), _prmt_mix),
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "warps", "astage", "unroll", "persist",
                     "prefetch", "stages", "feed", "stats", "span"), _ks_shape),
     )
@@ -589,10 +599,11 @@ class MatmulFamily(Family):
         f"dtype bf16/fp16, loads in flight <= {ROWS_MAX_LOAD_REGISTERS} registers; warps up to 16; unroll, no "
         "persist/stages/feed/stats; span 2/4 only here, with parts of at least 32 values (8 x load_bytes >= "
         "32 x span); plan time: span == max(1, 8 x load_bytes / blocksize), A's stage fits the opt-in",
+        "prmt_quarters 1/2: mma-rows with lut pairx only",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
-                    astage="global", scale="block", wload="stream", prefetch=0, unroll=1, span=1, persist=0, stages=0,
+                    astage="global", scale="block", wload="stream", prefetch=0, unroll=1, span=1, prmt_quarters=0, persist=0, stages=0,
                     feed="lanes", stats="lanes",
                     dtype="bf16",
                     quant="nf4", m=1)
@@ -602,7 +613,7 @@ class MatmulFamily(Family):
                          astage="global", scale="value", wload="plain", prefetch=0),
     }
     refine_order = ("ksplit", "warps", "rows_per_warp", "prefetch", "wload", "scale", "load_bytes", "mtile", "mma",
-                    "lut", "astage", "unroll", "span", "persist", "stages",
+                    "lut", "astage", "unroll", "span", "prmt_quarters", "persist", "stages",
                     "feed", "stats")
     peer_label = REF_BNB_MATMUL
     ceiling_label = REF_READ
