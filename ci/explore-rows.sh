@@ -14,6 +14,7 @@
 # (codes in registers: no lookups through the L1, about twice the loop's instructions).
 # Usage: [M=1] [MTILES=8] [LUTS=pair,pairx] [WARPS=8,14,16] [UNROLLS=1,2,4] [LOADS=4,8] [SPANS=1]
 #        [KSPLITS=1,2,4] [PQS=0] [PREFETCHES=0,1] [NAME=rows] [TABLES=..] bash ci/explore-rows.sh [PROBLEMS...]
+#        (TABLES= empty: no knob tables; unset: the default knobs)
 #        (the screen: ci/explore-screen.sh)
 set -uo pipefail
 [ $# -eq 0 ] && set -- 28672x8192 8192x8192 14336x4096 4096x14336
@@ -21,4 +22,4 @@ m=${M:-1}
 SWEEP="mma=mma-rows lut=${LUTS:-pair,pairx} load_bytes=${LOADS:-4,8} rows_per_warp=16 mtile=${MTILES:-8} \
 warps=${WARPS:-8,14,16} unroll=${UNROLLS:-1,2,4} span=${SPANS:-1} prmt_quarters=${PQS:-0} prefetch=${PREFETCHES:-0,1} scale=block astage=shared wload=stream \
 ksplit=${KSPLITS:-1,2,4} m=$m dtype=bf16 quant=nf4" NAME=${NAME:-rows}-m$m M=$m \
-TABLES=${TABLES:-warps unroll load_bytes lut ksplit} exec bash "$(dirname "$0")/explore-screen.sh" "$@"
+TABLES=${TABLES-warps unroll load_bytes lut ksplit} exec bash "$(dirname "$0")/explore-screen.sh" "$@"

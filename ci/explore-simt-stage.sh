@@ -17,5 +17,5 @@ set -uo pipefail
 [ $# -eq 0 ] && set -- 28672x8192 8192x8192 14336x4096
 SWEEP="mma=simt lut=${LUTS:-shared,pairx} load_bytes=${LOADS:-16} rows_per_warp=${RPWS:-4,8} mtile=1 \
 warps=${WARPS:-2,8,16} prefetch=0,1 scale=block astage=${ASTAGES:-global,shared} wload=stream ksplit=${KSPLITS:-1} \
-m=1 dtype=bf16 quant=nf4" NAME=${NAME:-simtstage} M=1 TABLES=${TABLES:-astage warps lut} \
+m=1 dtype=bf16 quant=nf4" NAME=${NAME:-simtstage} M=1 TABLES=${TABLES-astage warps lut} \
   exec bash "$(dirname "$0")/explore-screen.sh" "$@"
