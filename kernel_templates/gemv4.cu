@@ -84,7 +84,7 @@
 //                and each part takes its own columns of the mma's n8 (8/SPAN batch rows per n8 tile), so
 //                one mma still covers the window and the parts' sums are scaled apart and added at the
 //                end: 16-byte loads at blocksize 64 without a second mma per block.
-//   NF4T_PRMTQ   mma-rows with lut pairx: quarters of a lane's packed bytes decoded by lut prmt's byte
+//   NF4T_PRMTQ   mma-rows with lut pairx, 8- or 16-byte loads: quarters of a lane's packed bytes decoded by lut prmt's byte
 //                permutes instead of the pair table (0, 1, 2): the byte pairs h of a load with h % 4 < PRMTQ.
 //                pairx costs a permute and a shared load per byte (the L1 pipe that W's loads share:
 //                84% busy in session 13's profile), prmt about 5.5 ALU instructions and no memory; a mix

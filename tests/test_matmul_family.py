@@ -710,6 +710,36 @@ def test_the_span_loop_loads_w_in_16_bytes_with_fewer_instructions_per_byte(comp
     assert mix.get("LDS", 0) <= 12 and mix.get("PRMT", 0) >= 3 * 64 and mix.get("HMMA", 0) == 16, mix
 
 
+def test_prmt_quarters_move_a_quarter_of_the_lookups_each_to_permutes(compile_cache):
+    """prmt_quarters in the SASS (sm_90) of the span loop (16-byte loads, groups of 2 windows with the prefetch:
+    64 packed bytes per lane): each quarter takes 16 of the pair table's 64 shared loads out of the loop and puts
+    permutes in their place (prmt's byte tables); the loads of W and the mmas stay as they are. Refused off
+    mma-rows / pairx and with 4-byte loads."""
+    from tuner.kernel.compiler import compile_config
+    from tuner.kernel.sass import disassemble, find_nvdisasm, loops
+
+    try:
+        find_nvdisasm()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    rows = dict(mma="mma-rows", rows_per_warp=16, mtile=8, warps=14, scale="block", astage="shared", lut="pairx",
+                prefetch=1, m=1, load_bytes=16, unroll=2, span=2)
+    mix, path = {}, {}
+    for q in (0, 1, 2):
+        c = MM.config(**rows, prmt_quarters=q)
+        best = min(loops(disassemble(compile_config(c, "sm_90", cache_dir=compile_cache).cubin), min_len=150),
+                   key=lambda lp: lp.path)
+        mix[q], path[q] = dict(best.mix), best.path
+    for q in (1, 2):
+        assert mix[q].get("LDS", 0) == mix[0].get("LDS", 0) - 16 * q, (q, mix[q], mix[0])
+        assert mix[q].get("PRMT", 0) > mix[q - 1].get("PRMT", 0) and path[q] > path[q - 1], (q, mix, path)
+        assert mix[q].get("HMMA") == mix[0].get("HMMA") == 16 and mix[q].get("LDG") == mix[0].get("LDG")
+    for bad in (dict(rows, lut="pair"), dict(rows, mma="mma-ks", astage="global", span=1, warps=8, prefetch=0),
+                dict(rows, load_bytes=4, span=1, unroll=1)):
+        with pytest.raises(InvalidConfig, match="prmt_quarters"):
+            MM.config(**dict(bad, prmt_quarters=1))
+
+
 def test_the_row_tile_loop_takes_about_half_the_instructions_per_byte_of_simts(compile_cache):
     """Why mma-rows exists, checked in the SASS (sm_90): the full path of its loop (8-byte loads, 16-row
     warps, groups of 4 windows, the prefetch: 64 packed bytes per lane) costs at most 0.6 of the

@@ -237,9 +237,11 @@ def _lut_path(mma, lut, dtype):
     return None
 
 
-def _prmt_mix(mma, lut, prmt_quarters):
+def _prmt_mix(mma, lut, load_bytes, prmt_quarters):
     if prmt_quarters and (mma != "mma-rows" or lut != "pairx"):
         return "prmt_quarters mixes lut prmt into lut pairx's decode on the row-tile tensor-core path (mma-rows) only"
+    if prmt_quarters and load_bytes < 8:
+        return "prmt_quarters splits a load's byte pairs in quarters: 8- or 16-byte loads (a 4-byte load has two)"
     return None
 
 
@@ -576,7 +578,7 @@ class MatmulFamily(Family):
         Constraint(("mma", "prefetch"), _prefetch_simt),
         Constraint(("mma", "warps"), _warps_path),
         Constraint(("mma", "lut", "dtype"), _lut_path),
-        Constraint(("mma", "lut", "prmt_quarters"), _prmt_mix),
+        Constraint(("mma", "lut", "load_bytes", "prmt_quarters"), _prmt_mix),
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "warps", "astage", "unroll", "persist",
                     "prefetch", "stages", "feed", "stats", "span"), _ks_shape),
     )
@@ -599,7 +601,7 @@ class MatmulFamily(Family):
         f"dtype bf16/fp16, loads in flight <= {ROWS_MAX_LOAD_REGISTERS} registers; warps up to 16; unroll, no "
         "persist/stages/feed/stats; span 2/4 only here, with parts of at least 32 values (8 x load_bytes >= "
         "32 x span); plan time: span == max(1, 8 x load_bytes / blocksize), A's stage fits the opt-in",
-        "prmt_quarters 1/2: mma-rows with lut pairx only",
+        "prmt_quarters 1/2: mma-rows with lut pairx and 8- or 16-byte loads only",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
