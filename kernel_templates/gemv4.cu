@@ -78,6 +78,11 @@
 //                1: software pipelined: the next k-iteration's W and statistics are loaded before
 //                the current one is computed, so a warp always has loads in flight (twice the
 //                registers for W).
+//                2 (mma-rows, 16-byte loads): two groups ahead (three times the registers for W): the
+//                group after next is issued before the current one is computed, so each compute overlaps
+//                two groups' loads. Session 13/14: the span kernel's per-SM rate follows its warps (latency
+//                per warp), and the L1 pipe is not its bound; this adds bytes in flight per warp without
+//                the coarser groups of unroll 4.
 //   NF4T_UNROLL  mma-ks: windows of K per group (all loads of a group issued before the first is used).
 //   NF4T_SPAN    mma-rows: blocks a window spans (1, 2, 4). 1: a window lies in one block (8*LOAD <=
 //                blocksize). 2, 4: the window's runs lie in SPAN blocks (lane t's run in part t*SPAN/4),
@@ -1693,9 +1698,22 @@ __device__ __forceinline__ void rows_steps(RowsGroup& G, float (&acc)[NF4T_RT][N
         for (int i = 0; i < NF4T_LOAD; ++i) a[nt][i] = 0u;
     RowsCursor cur;
     if (kFull) cur = rows_cursor(B, row0, K, g, t, kw + NF4T_GK);
+#if NF4T_PREFETCH == 2
+    // two groups ahead: G holds the group at kw, G1 the next (loaded here); each step issues the group after
+    // G1's before computing G's, so two groups' loads are in flight through every compute. The cursor
+    // advances in load order (kw + GK, kw + 2 GK, ...), as with one group ahead.
+    RowsGroup G1;
+    if (kw + NF4T_GK < k_end) rows_load_next<kFull, kNested>(G1, cur, B, s, row0, N, K, k_end, g, t, kw + NF4T_GK);
+#endif
     for (; kw < k_end; kw += NF4T_GK, a_lane += 2 * NF4T_GK) {
         const u32 kn = kw + NF4T_GK;
-#if NF4T_PREFETCH == 1
+#if NF4T_PREFETCH == 2
+        RowsGroup G2;
+        if (kn + NF4T_GK < k_end) rows_load_next<kFull, kNested>(G2, cur, B, s, row0, N, K, k_end, g, t, kn + NF4T_GK);
+        rows_compute<kFull, kNested>(G, acc, s, a_lane, pitch, a_in, a, lane, lane4);
+        G = G1;
+        G1 = G2;
+#elif NF4T_PREFETCH == 1
         RowsGroup Gn;
         if (kn < k_end) rows_load_next<kFull, kNested>(Gn, cur, B, s, row0, N, K, k_end, g, t, kn);
         rows_compute<kFull, kNested>(G, acc, s, a_lane, pitch, a_in, a, lane, lane4);

@@ -740,6 +740,35 @@ def test_prmt_quarters_move_a_quarter_of_the_lookups_each_to_permutes(compile_ca
             MM.config(**dict(bad, prmt_quarters=1))
 
 
+def test_two_groups_ahead_fit_a_16_warp_cta_and_keep_the_loop(compile_cache):
+    """prefetch 2 on the span loop (sm_90): no spills, 16 warps of the batch-8 tile still fit an SM's registers,
+    and the loop computes what prefetch 1's does (the same mmas and W loads per group: only the issue point
+    moves). Refused off mma-rows, off 16-byte loads, and past its registers of loads in flight."""
+    from tuner.kernel.compiler import compile_config
+    from tuner.kernel.sass import disassemble, find_nvdisasm, loops
+
+    try:
+        find_nvdisasm()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    rows = dict(mma="mma-rows", rows_per_warp=16, mtile=8, warps=16, scale="block", astage="shared", lut="pairx",
+                m=1, load_bytes=16, unroll=2, span=2)
+    mix = {}
+    for pf in (1, 2):
+        k = compile_config(MM.config(**rows, prefetch=pf), "sm_90", cache_dir=compile_cache)
+        assert not k.spill_stores and k.registers * 16 * 32 <= 65536, (pf, k.registers)
+        mix[pf] = dict(min(loops(disassemble(k.cubin), min_len=150), key=lambda lp: lp.path).mix)
+    for op in ("HMMA", "LDG"):
+        assert mix[2].get(op) == mix[1].get(op) and mix[1].get(op), (op, mix)
+    for bad in (dict(rows, mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, span=1, unroll=1, warps=8),
+                dict(rows, mma="mma-ks", astage="global", span=1, warps=8),
+                dict(rows, load_bytes=8, span=1)):
+        with pytest.raises(InvalidConfig, match="prefetch 2"):
+            MM.config(**dict(bad, prefetch=2))
+    with pytest.raises(InvalidConfig, match="registers of loads in flight"):
+        MM.config(**dict(rows, rows_per_warp=32, prefetch=2))
+
+
 def test_the_row_tile_loop_takes_about_half_the_instructions_per_byte_of_simts(compile_cache):
     """Why mma-rows exists, checked in the SASS (sm_90): the full path of its loop (8-byte loads, 16-row
     warps, groups of 4 windows, the prefetch: 64 packed bytes per lane) costs at most 0.6 of the

@@ -165,9 +165,20 @@ CONFIGS = [
              lut="pairx", astage="shared", unroll=2, prefetch=1, span=2, prmt_quarters=2)),
     (4, dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=8, warps=8, ksplit=1, scale="block",
              lut="pairx", astage="shared", unroll=4, prmt_quarters=1)),
+    # ... two groups ahead (prefetch 2): the span loop at batch 1 with 16 warps, the 16-row batch tile with
+    # split-K at batch 8, and groups of one window in slices of one group at the gate's K = 2048 (split-K 16:
+    # nothing ahead to load)
+    (1, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=16, ksplit=1, scale="block",
+             lut="pairx", astage="shared", unroll=2, prefetch=2, span=2)),
+    (8, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=16, warps=8, ksplit=2, scale="block",
+             lut="pairx", astage="shared", unroll=2, prefetch=2, span=2)),
+    (2, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=8, ksplit=16, scale="block",
+             lut="pair", astage="shared", unroll=1, prefetch=2, span=2)),
 ]
 #: the configs that mix prmt into pairx's decode
 PRMTQ_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("prmt_quarters", 0)]
+#: the configs that load two groups ahead
+AHEAD2_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("prefetch", 0) == 2]
 #: the configs with windows over several blocks (span > 1), each served at one blocksize
 SPAN_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("span", 1) > 1]
 
@@ -227,31 +238,46 @@ def test_windows_over_several_blocks_at_their_blocksize(seed, index):
             assert r.ok, f"{c.short()} {n}x{k}: {r.reason}"
 
 
-@pytest.mark.parametrize("index", PRMTQ_CONFIGS)
-def test_prmt_quarters_give_the_pair_tables_sums_bit_for_bit(seed, index):
-    """The permutes decode the same 16-bit codes as the pair table and the mma order is unchanged, so a
-    config with prmt_quarters writes exactly the output of the same config without (nf4 and fp4, bf16 and
-    fp16, odd N, a K of several windows and a partial last one), and it passes the gate at a target shape."""
+def _same_output_as(seed, m, knobs, other):
+    """The config ``knobs`` writes exactly what the same config with ``other``'s knobs changed writes (nf4 and
+    fp4, bf16 and fp16, odd N, a K of several groups and a partial last one), leaves no NaN of the poisoned
+    output, and passes the gate at 28672x8192."""
     from tuner.kernel.launch import bind, load_kernel
 
-    m, knobs = CONFIGS[index]
     bs = 8 * knobs["load_bytes"] // knobs.get("span", 1) if knobs.get("span", 1) > 1 else 64
     for dtype in ("bf16", "fp16"):
         for quant in ("nf4", "fp4"):
             prob = P(999, 3 * 1024 + 2 * bs, m, dtype, quant, bs)
             inputs = MM.make_inputs(prob, prob.shape, seed)
             outs = []
-            for q in (knobs["prmt_quarters"], 0):
-                c = MM.config(**dict(knobs, prmt_quarters=q), dtype=dtype, quant=quant, m=m)
+            for k in (knobs, dict(knobs, **other)):
+                c = MM.config(**k, dtype=dtype, quant=quant, m=m)
                 out = MM.new_output(inputs)
                 bind(load_kernel(c), inputs, out)()
                 torch.cuda.synchronize()
                 outs.append(out)
+            c = MM.config(**knobs, dtype=dtype, quant=quant, m=m)
             assert not torch.isnan(outs[0]).any(), f"{c.short()}: NaN left in the output"
-            assert torch.equal(outs[0], outs[1]), f"{c.short()} {prob.label()}: differs from lut pairx alone"
+            assert torch.equal(outs[0], outs[1]), f"{c.short()} {prob.label()}: differs with {other}"
     c = MM.config(**knobs, m=m)
     r = check_config(c, P(28672, 8192, m, bs=bs), seed=seed)
     assert r.ok, f"{c.short()} 28672x8192: {r.reason}"
+
+
+@pytest.mark.parametrize("index", PRMTQ_CONFIGS)
+def test_prmt_quarters_give_the_pair_tables_sums_bit_for_bit(seed, index):
+    """The permutes decode the same 16-bit codes as the pair table and the mma order is unchanged, so a
+    config with prmt_quarters writes exactly the output of the same config without."""
+    m, knobs = CONFIGS[index]
+    _same_output_as(seed, m, knobs, dict(prmt_quarters=0))
+
+
+@pytest.mark.parametrize("index", AHEAD2_CONFIGS)
+def test_two_groups_ahead_give_one_group_aheads_sums_bit_for_bit(seed, index):
+    """prefetch 2 only issues the loads earlier: the same groups are computed in the same order, so the
+    output is the prefetch-1 config's bit for bit."""
+    m, knobs = CONFIGS[index]
+    _same_output_as(seed, m, knobs, dict(prefetch=1))
 
 
 def test_plain_absmax(seed):

@@ -48,6 +48,10 @@ FLOAT_PAIR_LUTS = ("pairf", "pairmix")
 ROWS_LUTS = ("pair", "pairx", "prmt")
 #: the row-tile tensor-core path's registers of loads in flight, at most
 ROWS_MAX_LOAD_REGISTERS = 48
+#: mma-rows with prefetch 2 (two groups ahead, 16-byte loads): three groups of W in registers; 64 admits
+#: the span loop's 16-row groups of 2 windows (60). NVRTC 13 (sm_90): 127 registers at batch tile 8 (16 warps
+#: fit), 162 with the 16-row batch tile (12 warps at most: a larger CTA is refused at plan time)
+ROWS_MAX_LOAD_REGISTERS_TWO_AHEAD = 64
 
 
 #: the tensor-core paths with W's rows as the mma's M: (name in messages, what rows_per_warp counts,
@@ -116,8 +120,8 @@ def rows_registers(load_bytes, rows_per_warp, unroll, prefetch, span=1) -> int:
     """32-bit registers the row-tile tensor-core path (mma-rows) holds for its loads in flight: per
     group, W of ``unroll`` windows (rows g and g+8 of each m16 tile) and the raw statistics of a lane's
     share of the group's ``unroll`` x ``span`` blocks per row (a quad loads them: one block per lane and
-    row while there are at most 4); twice that with the prefetch. A is read from its shared-memory stage
-    window by window."""
+    row while there are at most 4); twice that with the prefetch, three times two groups ahead (prefetch 2).
+    A is read from its shared-memory stage window by window."""
     words = max(1, load_bytes // 4)
     rt = rows_per_warp // 16
     slots = -(-unroll * span // 4)
@@ -192,9 +196,12 @@ def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, pers
         if 8 * load_bytes < 32 * span:
             return (f"span {span}: a window of {8 * load_bytes} values in {span} parts of fewer than 32 values "
                     "(the smallest blocksize) never needs it")
+        if prefetch == 2 and load_bytes != 16:
+            return "prefetch 2 (two groups ahead) is for the 16-byte loads of the span loop"
         regs = rows_registers(load_bytes, rows_per_warp, unroll, prefetch, span)
-        if regs > ROWS_MAX_LOAD_REGISTERS:
-            return f"{regs} registers of loads in flight exceed {ROWS_MAX_LOAD_REGISTERS} (mma-rows)"
+        limit = ROWS_MAX_LOAD_REGISTERS_TWO_AHEAD if prefetch == 2 else ROWS_MAX_LOAD_REGISTERS
+        if regs > limit:
+            return f"{regs} registers of loads in flight exceed {limit} (mma-rows{', prefetch 2' if prefetch == 2 else ''})"
         return None
     if mma != "mma-ks":
         if unroll != 1 or persist or stages or feed != "lanes" or stats != "lanes":
@@ -261,6 +268,8 @@ def _warps_path(mma, warps):
 def _prefetch_simt(mma, prefetch):
     if mma == "mma" and prefetch:
         return "prefetch is a SIMT knob (the tensor-core path keeps its loads for the next window in flight by row tiles)"
+    if prefetch == 2 and mma != "mma-rows":
+        return "prefetch 2 (two groups ahead) is a knob of the row-tile tensor-core path (mma-rows)"
     return None
 
 
@@ -543,8 +552,9 @@ class MatmulFamily(Family):
              help="scale every weight, or the sum of a lane's run once (SIMT)"),
         Knob("wload", ("plain", "stream"), "source", "NF4T_WLOAD",
              help="plain loads of W, or streaming (ld.global.nc.L1::no_allocate)"),
-        Knob("prefetch", (0, 1), "source", "NF4T_PREFETCH", label="pf{}",
-             help="SIMT and mma-ks: load the next step's W and statistics before computing the current one"),
+        Knob("prefetch", (0, 1, 2), "source", "NF4T_PREFETCH", label="pf{}",
+             help="SIMT, mma-ks and mma-rows: load the next step's W and statistics before computing the current one; "
+                  "2 (mma-rows, 16-byte loads): two groups ahead"),
         Knob("unroll", (1, 2, 4), "source", "NF4T_UNROLL", label="u{}",
              help="mma-ks, mma-rows: windows of K whose loads are all issued before the first is used"),
         Knob("span", (1, 2, 4), "source", "NF4T_SPAN", label="sp{}", hidden=(1,),
@@ -602,6 +612,7 @@ class MatmulFamily(Family):
         "persist/stages/feed/stats; span 2/4 only here, with parts of at least 32 values (8 x load_bytes >= "
         "32 x span); plan time: span == max(1, 8 x load_bytes / blocksize), A's stage fits the opt-in",
         "prmt_quarters 1/2: mma-rows with lut pairx and 8- or 16-byte loads only",
+        f"prefetch 2: mma-rows with 16-byte loads only, loads in flight <= {ROWS_MAX_LOAD_REGISTERS_TWO_AHEAD} registers",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
