@@ -741,7 +741,7 @@ def test_prmt_quarters_move_a_quarter_of_the_lookups_each_to_permutes(compile_ca
 
 
 def test_two_groups_ahead_fit_a_16_warp_cta_and_keep_the_loop(compile_cache):
-    """prefetch 2 on the span loop (sm_90): no spills, 16 warps of the batch-8 tile still fit an SM's registers,
+    """prefetch 2 on the span loop (sm_90): no spills, 16 warps with the 8-row batch tile still fit an SM's registers,
     and the loop computes what prefetch 1's does (the same mmas and W loads per group: only the issue point
     moves). Refused off mma-rows, off 16-byte loads, and past its registers of loads in flight."""
     from tuner.kernel.compiler import compile_config
