@@ -196,8 +196,6 @@ def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, pers
         if 8 * load_bytes < 32 * span:
             return (f"span {span}: a window of {8 * load_bytes} values in {span} parts of fewer than 32 values "
                     "(the smallest blocksize) never needs it")
-        if prefetch == 2 and load_bytes != 16:
-            return "prefetch 2 (two groups ahead) is for the 16-byte loads of the span loop"
         regs = rows_registers(load_bytes, rows_per_warp, unroll, prefetch, span)
         limit = ROWS_MAX_LOAD_REGISTERS_TWO_AHEAD if prefetch == 2 else ROWS_MAX_LOAD_REGISTERS
         if regs > limit:
@@ -265,11 +263,13 @@ def _warps_path(mma, warps):
     return None
 
 
-def _prefetch_simt(mma, prefetch):
+def _prefetch_path(mma, load_bytes, prefetch):
     if mma == "mma" and prefetch:
         return "prefetch is a SIMT knob (the tensor-core path keeps its loads for the next window in flight by row tiles)"
     if prefetch == 2 and mma != "mma-rows":
         return "prefetch 2 (two groups ahead) is a knob of the row-tile tensor-core path (mma-rows)"
+    if prefetch == 2 and load_bytes != 16:
+        return "prefetch 2 (two groups ahead) is for the 16-byte loads of the span loop"
     return None
 
 
@@ -585,7 +585,7 @@ class MatmulFamily(Family):
     constraints = (
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "scale", "dtype"), _path_shape),
         Constraint(("mma", "mtile", "m", "span"), _tile_fits_batch),
-        Constraint(("mma", "prefetch"), _prefetch_simt),
+        Constraint(("mma", "load_bytes", "prefetch"), _prefetch_path),
         Constraint(("mma", "warps"), _warps_path),
         Constraint(("mma", "lut", "dtype"), _lut_path),
         Constraint(("mma", "lut", "load_bytes", "prmt_quarters"), _prmt_mix),
