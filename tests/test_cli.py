@@ -125,6 +125,21 @@ def test_compile_sweep_compiles_only_the_restricted_space(tmp_path, capsys):
         assert "pass --arch" in capsys.readouterr().err
 
 
+def test_compile_cover_compiles_a_covering_sample_and_says_so(tmp_path, capsys):
+    argv = ["compile", "--arch", "sm_90", "--dtype", "bf16", "--quant", "nf4", "--cache", str(tmp_path), "--quiet",
+            "--sweep", "threads=128", "--sweep", "unroll=4", "--cover", "2", "--json"]
+    assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    configs = list(DEQUANT.iter_space(dtype=["bf16"], quant=["nf4"], threads=[128], unroll=[4]))
+    sources = len(DEQUANT.distinct_sources(configs))
+    assert out["cover"] == dict(strength=2, space_configs=len(configs), space_sources=sources)
+    assert out["sources"] == len(DEQUANT.covering_sources(configs, 2)) < sources
+    assert out["compiled"] == out["sources"] and out["failures"] == []
+    with pytest.raises(SystemExit) as e:
+        cli.main(["compile", "--arch", "sm_90", "--cover", "0"])
+    assert e.value.code == 2 and "--cover: 0 must be at least 1" in capsys.readouterr().err
+
+
 def _h200_copy(tmp_path):
     import shutil
     from pathlib import Path

@@ -91,6 +91,17 @@ def test_a_sample_of_the_space_compiles_in_parallel(compile_cache):
     assert summary.compiled == 24
 
 
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100", "sm_120"])
+def test_every_three_source_knob_values_together_compile(arch, compile_cache):
+    """A covering sample of the dequant space (every combination of 3 source-knob values that a
+    source has) for the H200 and for archs no machine here has; the whole space is the slow test."""
+    sample = D.covering_sources(D.iter_space(), 3)
+    summary = C.compile_many(sample, arch, workers=os.cpu_count(), cache_dir=compile_cache)
+    assert summary.sources == len(sample) >= 50
+    assert summary.failures == [], summary.failures[:3]
+    assert summary.compiled == summary.sources
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100", "sm_120"])
 def test_every_distinct_source_compiles(arch, compile_cache):

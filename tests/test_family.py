@@ -20,6 +20,23 @@ def test_count_matches_iteration():
     assert len(D.distinct_sources(D.iter_space())) == 2520
 
 
+@pytest.mark.parametrize("strength", [1, 2, 3])
+def test_a_covering_sample_has_every_combination_of_source_knob_values_some_source_has(strength):
+    configs = list(D.iter_space(**BF16))
+    keys = list(D.distinct_sources(configs))
+    sample = D.covering_sources(configs, strength)
+
+    def combos(key_list):
+        return {t for key in key_list for t in itertools.combinations(key, strength)}
+
+    sample_keys = [tuple(sorted(c.source_knobs().items())) for c in sample]
+    assert len(set(sample_keys)) == len(sample) < len(keys)            # distinct sources, fewer than all
+    assert combos(sample_keys) == combos(keys)
+    assert D.covering_sources(configs, strength) == sample                  # the same configs, the same sample
+    with pytest.raises(ValueError, match="strength"):
+        D.covering_sources(configs, 0)
+
+
 def test_every_knob_value_is_reachable():
     seen = {k: set() for k in D.knob_names}
     for c in D.iter_space(**BF16):

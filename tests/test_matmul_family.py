@@ -270,6 +270,21 @@ def test_a_sample_of_the_space_compiles_for_hopper_blackwell_and_rtx50(compile_c
         assert summary.failures == [], summary.failures[:2]
 
 
+def test_every_three_source_knob_values_together_compile_for_sm90(compile_cache):
+    """A covering sample of the bf16/nf4 matmul space: every combination of 3 source-knob values
+    that some source has (251 of about 10,000 sources); the whole space is the slow test below."""
+    import os
+
+    from tuner.kernel.compiler import compile_many
+
+    sample = MM.covering_sources(MM.iter_space(dtype=["bf16"], quant=["nf4"]), 3)
+    summary = compile_many(sample, "sm_90", workers=os.cpu_count(), cache_dir=compile_cache)
+    print(f"matmul bf16/nf4 sm_90, covering sample: {summary.sources} sources, {summary.seconds:.0f} s, "
+          f"max registers {summary.max_registers}, {summary.spilling} with spills")
+    assert summary.sources == len(sample) >= 200
+    assert summary.failures == [], summary.failures[:3]
+
+
 @pytest.mark.slow
 def test_every_distinct_matmul_source_compiles_for_sm90(compile_cache):
     import os

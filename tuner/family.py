@@ -437,6 +437,36 @@ class Family:
             out.setdefault(tuple(sorted(c.source_knobs().items(), key=lambda kv: kv[0])), c)
         return out
 
+    def covering_sources(self, configs, strength: int = 3) -> list:
+        """A covering sample of the distinct sources among ``configs``: every combination of
+        ``strength`` source-knob values that some distinct source has, some source in the sample
+        has too (a ``strength``-wise covering array of the valid sources, chosen greedily: each
+        pick the source that covers most combinations not yet covered, ties to the earlier source
+        in ``configs``' order, so the same configs give the same sample).
+
+        Compiling it checks every interaction of up to ``strength`` source knobs for a small part
+        of the cost of compiling every source (matmul bf16/nf4: 251 of 9,976 at strength 3)."""
+        import heapq
+
+        if strength < 1:
+            raise ValueError(f"strength must be at least 1, not {strength}")
+        reps = list(self.distinct_sources(configs).items())
+        combos = [set(itertools.combinations(key, min(strength, len(key)))) for key, _ in reps]
+        uncovered = set().union(*combos) if combos else set()
+        heap = [(-len(c), i) for i, c in enumerate(combos)]
+        heapq.heapify(heap)
+        picked = []
+        while uncovered:
+            _, i = heapq.heappop(heap)
+            gain = len(combos[i] & uncovered)
+            if heap and gain < -heap[0][0]:          # stale: another source may cover more now
+                if gain:
+                    heapq.heappush(heap, (-gain, i))
+                continue
+            picked.append(i)
+            uncovered -= combos[i]
+        return [reps[i][1] for i in sorted(picked)]
+
     # -- search parametrisation --------------------------------------------------------
     @staticmethod
     def _choice_text(combo: tuple) -> str:

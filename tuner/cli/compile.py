@@ -14,7 +14,8 @@ def add_parser(sub):
                        description="Compile the whole space (or the dtypes/quants given) to CUBIN with NVRTC in "
                                    "parallel processes, through the on-disk cache. Any real arch the installed NVRTC "
                                    "supports is a target (without --arch: the visible GPU's). Prints the count, "
-                                   "failures and time; exits 1 if any source fails.")
+                                   "failures and time; exits 1 if any source fails. --cover N compiles a covering "
+                                   "sample instead, for a quick check of every N-knob interaction.")
     add_family_arg(p)
     p.add_argument("--arch", default=None, help="target arch, e.g. sm_90, sm_100, sm_120 (default: the visible GPU's)")
     p.add_argument("--dtype", action="append")
@@ -22,6 +23,10 @@ def add_parser(sub):
     p.add_argument("--sweep", action="append", default=[], metavar="KNOB=V1,V2",
                    help="compile only the space's configs with these knob values (e.g. matmul: m=1,16 or "
                         "mma=mma-ks); repeatable")
+    p.add_argument("--cover", type=positive_int, default=None, metavar="N",
+                   help="compile only a covering sample: sources such that every combination of N source-knob "
+                        "values that any source of the space has is in one of them (N = 3: matmul bf16/nf4 "
+                        "compiles 251 of 9,976 sources); default: every distinct source")
     p.add_argument("--workers", type=positive_int, default=None, help="parallel compile processes, at least 1 "
                                                                          "(default: the CPU count)")
     p.add_argument("--cache", default=None, metavar="DIR",
@@ -77,13 +82,21 @@ def run(args) -> int:
         raise UserError(str(e)) from None
     if not configs:
         raise UserError("no valid config is left in the space with " + " ".join(f"--sweep {s}" for s in args.sweep))
+    space = (len(configs), len(family.distinct_sources(configs)))
+    if args.cover:
+        configs = family.covering_sources(configs, args.cover)
     summary = compiler.compile_many(configs, arch, workers=args.workers, cache_dir=cache,
                                     progress=None if args.quiet else progress_printer(f"compile {family.name} {arch}"))
     if args.json:
-        print(json.dumps(summary.to_dict(), indent=2))
+        out = summary.to_dict()
+        if args.cover:
+            out["cover"] = dict(strength=args.cover, space_configs=space[0], space_sources=space[1])
+        print(json.dumps(out, indent=2))
     else:
-        print(f"{family.name}, arch {arch}, NVRTC {compiler.nvrtc_version()}: {summary.configs} configurations, "
-              f"{summary.sources} distinct sources")
+        print(f"{family.name}, arch {arch}, NVRTC {compiler.nvrtc_version()}: {space[0]} configurations, "
+              f"{space[1]} distinct sources")
+        if args.cover:
+            print(f"covering sample of strength {args.cover}: {summary.sources} sources")
         print(f"compiled {summary.compiled} ({summary.cache_hits} from cache), failures {len(summary.failures)}, "
               f"{summary.seconds:.1f} s")
         print(f"max registers {summary.max_registers}, sources with spills {summary.spilling}")
