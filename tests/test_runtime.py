@@ -62,6 +62,14 @@ def test_other_gpu_or_dtype_falls_back_to_the_builtin_default(table):
     assert c.source == "nearest" and c.config.threads == 1024
 
 
+def test_comparable_entries_are_the_gpus_own_of_the_family_dtype_and_quant(table):
+    assert {e.config.threads for e in table.comparable(GPU, P((64, 64)))} == {128, 512, 64}
+    assert [e.config.threads for e in table.comparable(GPU, P((64, 64), "fp16"))] == [1024]
+    assert [e.config.threads for e in table.comparable("NVIDIA A100", P((1, 1), bs=4096))] == [256]
+    assert table.comparable(GPU, P((64, 64), "fp32")) == [] == table.comparable("NVIDIA L4", P((64, 64)))
+    assert table.comparable(GPU, Problem((64, 64), family="matmul", m=1)) == []
+
+
 def test_packaged_table_loads_and_covers_the_h200():
     t = runtime.ConfigTable.from_file(T.PACKAGED_TABLE)
     assert any(e.gpu == GPU for e in t.entries)

@@ -13,6 +13,7 @@ import bitsandbytes.functional as F
 
 from tuner import serve as runtime
 from tuner.families.dequant import mismatch_report
+from tuner.vocabulary import Problem
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -68,8 +69,7 @@ def _tuned_here(dtype, quant):
     from tuner.serve.table import current_table
 
     gpu = torch.cuda.get_device_name(torch.cuda.current_device())
-    return any(e.gpu == gpu and e.problem.family == "dequant" and e.problem.dtype == dtype
-               and e.problem.quant == quant for e in current_table().entries)
+    return bool(current_table().comparable(gpu, Problem((64, 64), dtype, quant, 64)))
 
 
 def test_picks_the_tuned_config_and_a_fallback(seed):

@@ -88,9 +88,14 @@ class ConfigTable:
         resolved = resolve_url(url)
         return cls(best_entries(Repository(connect(resolved, read_only=True))), resolved)
 
-    def choose(self, gpu: str, problem: Problem) -> Choice:
-        same = [e for e in self.entries if e.gpu == gpu and e.problem.family == problem.family
+    def comparable(self, gpu: str, problem: Problem) -> list:
+        """The entries ``choose`` picks from for ``problem`` on GPU model ``gpu``: that GPU's entries of
+        the problem's family, dtype and quant (any shape, blocksize and batch)."""
+        return [e for e in self.entries if e.gpu == gpu and e.problem.family == problem.family
                 and e.problem.dtype == problem.dtype and e.problem.quant == problem.quant]
+
+    def choose(self, gpu: str, problem: Problem) -> Choice:
+        same = self.comparable(gpu, problem)
         for e in same:
             if e.problem == problem:
                 return Choice(e.config, "exact", e.problem.label(), self.origin)
