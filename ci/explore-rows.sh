@@ -12,14 +12,16 @@
 # (L1/TEX 80% busy); 16-byte loads touch 8. A span that does not match the problem's blocksize is refused
 # at plan time (a failed config in the screen, with the reason). LUTS=pairx,prmt adds the byte-permute decode
 # (codes in registers: no lookups through the L1, about twice the loop's instructions).
+# Session 15 (no device): PERSISTS=0,1 adds stream-K (persist 1: the resident CTAs take even runs of
+# (row tile, group) units; ksplit 1 only, rows_per_warp 16 and mtile 8).
 # Usage: [M=1] [MTILES=8] [LUTS=pair,pairx] [WARPS=8,14,16] [UNROLLS=1,2,4] [LOADS=4,8] [SPANS=1]
-#        [KSPLITS=1,2,4] [PQS=0] [PREFETCHES=0,1] [NAME=rows] [TABLES=..] bash ci/explore-rows.sh [PROBLEMS...]
+#        [KSPLITS=1,2,4] [PQS=0] [PREFETCHES=0,1] [PERSISTS=0] [NAME=rows] [TABLES=..] bash ci/explore-rows.sh [PROBLEMS...]
 #        (TABLES= empty: no knob tables; unset: the default knobs)
 #        (the screen: ci/explore-screen.sh)
 set -uo pipefail
 [ $# -eq 0 ] && set -- 28672x8192 8192x8192 14336x4096 4096x14336
 m=${M:-1}
 SWEEP="mma=mma-rows lut=${LUTS:-pair,pairx} load_bytes=${LOADS:-4,8} rows_per_warp=16 mtile=${MTILES:-8} \
-warps=${WARPS:-8,14,16} unroll=${UNROLLS:-1,2,4} span=${SPANS:-1} prmt_quarters=${PQS:-0} prefetch=${PREFETCHES:-0,1} scale=block astage=shared wload=stream \
+warps=${WARPS:-8,14,16} unroll=${UNROLLS:-1,2,4} span=${SPANS:-1} prmt_quarters=${PQS:-0} prefetch=${PREFETCHES:-0,1} persist=${PERSISTS:-0} scale=block astage=shared wload=stream \
 ksplit=${KSPLITS:-1,2,4} m=$m dtype=bf16 quant=nf4" NAME=${NAME:-rows}-m$m M=$m \
 TABLES=${TABLES-warps unroll load_bytes lut ksplit} exec bash "$(dirname "$0")/explore-screen.sh" "$@"

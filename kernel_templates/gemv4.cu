@@ -95,6 +95,11 @@
 //                84% busy in session 13's profile), prmt about 5.5 ALU instructions and no memory; a mix
 //                moves part of the decode off the L1 pipe. The same 16-bit codes: the same sums bit for bit.
 //   NF4T_PERSIST mma-ks: 1 a few CTAs per SM loop over the row tiles.
+//                mma-rows: 1 stream-K: the grid is the CTAs resident at once, and each takes an equal run of
+//                the (row tile, group of K) units, row tile major, as slices of one tile at a time; a tile
+//                cut between CTAs is summed in the split-K workspace and finished by its last CTA. A CTA per
+//                (row tile, K slice) runs only as many warps as the tiles have: 28672 rows of 256-row tiles
+//                are 112 CTAs on 132 SMs (sessions 13-14: the time follows the warps in flight).
 //   NF4T_STAGES  mma-ks: 0 W goes global -> registers (NF4T_PREFETCH decides how far ahead); N > 0:
 //                W goes global -> shared memory by cp.async, in a per-warp ring N groups deep, so the
 //                bytes in flight per SM are bound by shared memory (228 KiB) instead of registers.
@@ -599,17 +604,17 @@ __device__ __forceinline__ void work_sync() {
 #endif
 }
 
-// Split-K: the last CTA of this (row tile, m tile) finishes it. Every working thread of the CTA
-// calls this.
+// Split-K: the last CTA of this (row tile, m tile) finishes it; parts: the CTAs that add to it (the
+// split count gridDim.y, or stream-K's count for the tile). Every working thread of the CTA calls this.
 __device__ __forceinline__ void finish_split(u32 tile, u32 row_first, u32 rows, u32 m_first, u32 mrows, u32 N,
                                              const act_t* __restrict__ bias, act_t* __restrict__ out,
-                                             float* __restrict__ ws, u32* __restrict__ counters) {
+                                             float* __restrict__ ws, u32* __restrict__ counters, u32 parts) {
     __shared__ u32 last;
     __threadfence();
     work_sync();
     if (threadIdx.x == 0) {
         const u32 prev = atomicAdd(counters + tile, 1u);
-        last = (prev == gridDim.y - 1);
+        last = (prev == parts - 1);
         if (last) counters[tile] = 0u;
     }
     work_sync();
@@ -913,7 +918,8 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     }
     if (ws != nullptr) {
         const u32 rows = min(warps * NF4T_RPW, N - row_first);
-        finish_split(blockIdx.z * gridDim.x + blockIdx.x, row_first, rows, m0, mrows, N, bias, out, ws, counters);
+        finish_split(blockIdx.z * gridDim.x + blockIdx.x, row_first, rows, m0, mrows, N, bias, out, ws, counters,
+                     gridDim.y);
     }
 }
 
@@ -1044,7 +1050,8 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     }
     if (ws != nullptr) {
         const u32 rows = min(warps * NF4T_RPW, N - row_first);
-        finish_split(blockIdx.z * gridDim.x + blockIdx.x, row_first, rows, m0, mrows, N, bias, out, ws, counters);
+        finish_split(blockIdx.z * gridDim.x + blockIdx.x, row_first, rows, m0, mrows, N, bias, out, ws, counters,
+                     gridDim.y);
     }
 }
 #else
@@ -1474,7 +1481,7 @@ __device__ __forceinline__ void ks_epilogue(const float (&acc)[NF4T_RT][NF4T_NT]
     }
     if (ws != nullptr)
         finish_split(blockIdx.z * tiles + tile, row0, min((u32)NF4T_RPW, N - row0), m0, mrows, N, bias, out, ws,
-                     counters);
+                     counters, gridDim.y);
     else
         work_sync();      // red is written again by the next tile
 }
@@ -1725,28 +1732,10 @@ __device__ __forceinline__ void rows_steps(RowsGroup& G, float (&acc)[NF4T_RT][N
     }
 }
 
-extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
-    Scales s = make_scales(absmax_q, code2, absmax2, absmax_f, offset_ptr, log2_bs, log2_g);
-
-    const u32 warps = blockDim.x >> 5;
-    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const u32 g = lane >> 2, t = lane & 3, lane4 = lane << 2;
-    const u32 row_first = blockIdx.x * warps * NF4T_RPW;
-    const u32 row0 = row_first + warp * NF4T_RPW;
-    const u32 m0 = blockIdx.z * (NF4T_MTILE / NF4T_SPAN);              // batch rows per CTA: MTILE / SPAN
-    const u32 mrows = min((u32)(NF4T_MTILE / NF4T_SPAN), M - m0);
-    const u32 k_begin = blockIdx.y * kper;
-    const u32 k_end = min(K, k_begin + kper);
-
-    // the first group's W and statistics are loaded before the tables are filled and A is staged
-    RowsGroup G;
-    if (row0 < N && k_begin < k_end) rows_load(G, B, s, row0, N, K, k_end, g, t, k_begin);
-    setup_tables();
-    if (code2 != nullptr)
-        for (u32 i = threadIdx.x; i < 256; i += blockDim.x) nf4t_code2[i] = __ldg(code2 + i);
-    // A's stage after lut pairx's table: the CTA's batch rows x the slice in whole groups (zeros past it)
-    unsigned char* a_st = nf4t_dyn + NF4T_DYN_TABLE;
-    const u32 pitch = tc_a_pitch(kper);
+// A's stage after lut pairx's table: the CTA's batch rows x the slice [k_begin, k_end) in whole groups
+// (zeros past it)
+__device__ __forceinline__ void rows_stage_a(const act_t* __restrict__ A, unsigned char* a_st, u32 pitch, u32 m0,
+                                             u32 mrows, u32 K, u32 k_begin, u32 k_end) {
     if (k_begin < k_end) {
         const u32 len = k_end - k_begin;                                   // a multiple of 32 values
         const u32 chunks = (len + NF4T_GK - 1) / NF4T_GK * NF4T_GK / 8u;
@@ -1757,8 +1746,15 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
             *reinterpret_cast<uint4*>(a_st + m * pitch + tc_a_slot(kk)) = v;
         }
     }
-    __syncthreads();
+}
 
+// A warp's sums over the staged slice [k_begin, k_end) of its rows row0.. (G holds the first group's
+// loads), written to y (ws == nullptr) or added to the workspace (a slice of a split tile)
+__device__ __forceinline__ void rows_slice(RowsGroup& G, const u8* __restrict__ B, const Scales& s,
+                                           const float* __restrict__ absmax_f, const act_t* __restrict__ bias,
+                                           act_t* __restrict__ out, float* __restrict__ ws, unsigned char* a_st,
+                                           u32 pitch, u32 row0, u32 m0, u32 mrows, u32 N, u32 K, u32 k_begin,
+                                           u32 k_end, u32 g, u32 t, u32 lane, u32 lane4) {
     float acc[NF4T_RT][NF4T_NT][4];
     tc_zero(acc);
     bool a_in[NF4T_NT];     // column g of batch tile nt takes this lane's run of A (batch row nt*CPR + g/SPAN)
@@ -1809,10 +1805,108 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
                 if ((NF4T_SPAN == 2 || (t & 1u) == 0u) && n < N && m < mrows) emit(v, m0 + m, n, N, bias, out, ws);
             }
 #endif
+}
+
+#if NF4T_PERSIST == 1
+// Stream-K (NF4T_PERSIST 1): the work is units of (row tile, group of K), row tile major; CTA c of P takes
+// the units [c*T/P, (c+1)*T/P) of all T, so every CTA of the grid (as many as are resident at once) has
+// the same share, where a CTA per (row tile, K slice) leaves SMs idle when the tiles are not a multiple
+// of the resident CTAs (28672 rows of 256-row tiles: 112 CTAs on 132 SMs). The CTA holding unit u:
+// the largest c with c*T/P <= u (tuner/families/matmul.py: stream_k_runs computes the same; the plan
+// keeps P <= T, so no CTA's run is empty and every CTA counted for a tile adds to it).
+__device__ __forceinline__ u32 stream_k_cta(u32 u, u32 units, u32 ctas) {
+    return (u32)(((u64)(u + 1u) * ctas - 1u) / units);
+}
+
+// One slice of a row tile (rows row_first.., K from k_begin to k_end): its W's first group, (the tables,
+// for the CTA's first slice,) A's stage, the warps' sums to y or the workspace. Not inlined: inlined in the
+// run's loop (or unrolled twice), ptxas moved the pair table's shared base out of the uniform registers and
+// added it to every lookup (290-306 instructions a group against the one-slice kernel's 229, NVRTC 13, sm_90);
+// as a function the group takes 243 and its loop no local memory (the call's saves are once per slice).
+__device__ __noinline__ void rows_segment(const act_t* __restrict__ A, const u8* __restrict__ B, const Scales s,
+                                          const float* __restrict__ code2, const float* __restrict__ absmax_f,
+                                          const act_t* __restrict__ bias, act_t* __restrict__ out,
+                                          float* __restrict__ ws, u32 N, u32 K, u32 kper, u32 m0, u32 mrows,
+                                          u32 row_first, u32 k_begin, u32 k_end, bool first) {
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 g = lane >> 2, t = lane & 3, lane4 = lane << 2;
+    const u32 row0 = row_first + warp * NF4T_RPW;
+    RowsGroup G;
+    if (row0 < N) rows_load(G, B, s, row0, N, K, k_end, g, t, k_begin);
+    if (first) {
+        setup_tables();
+        if (code2 != nullptr)
+            for (u32 i = threadIdx.x; i < 256; i += blockDim.x) nf4t_code2[i] = __ldg(code2 + i);
+    } else {
+        __syncthreads();                    // every warp is done with the previous slice's A
+    }
+    unsigned char* a_st = nf4t_dyn + NF4T_DYN_TABLE;
+    const u32 pitch = tc_a_pitch(kper);
+    rows_stage_a(A, a_st, pitch, m0, mrows, K, k_begin, k_end);
+    __syncthreads();
+    rows_slice(G, B, s, absmax_f, bias, out, ws, a_st, pitch, row0, m0, mrows, N, K, k_begin, k_end, g, t, lane, lane4);
+}
+#endif
+
+#if NF4T_PERSIST == 1
+// stream-K: at most 16 warps per CTA (the family's largest); without the bound the call to rows_segment took
+// 159 registers (16 warps need at most 128); with it the slice's loop keeps its registers (no spills in it)
+extern "C" __global__ void __launch_bounds__(512) nf4t_matmul(NF4T_MATMUL_PARAMS) {
+#else
+extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
+#endif
+    Scales s = make_scales(absmax_q, code2, absmax2, absmax_f, offset_ptr, log2_bs, log2_g);
+
+    const u32 warps = blockDim.x >> 5;
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 g = lane >> 2, t = lane & 3, lane4 = lane << 2;
+    const u32 m0 = blockIdx.z * (NF4T_MTILE / NF4T_SPAN);              // batch rows per CTA: MTILE / SPAN
+    const u32 mrows = min((u32)(NF4T_MTILE / NF4T_SPAN), M - m0);
+#if NF4T_PERSIST == 0
+    const u32 row_first = blockIdx.x * warps * NF4T_RPW;
+    const u32 row0 = row_first + warp * NF4T_RPW;
+    const u32 k_begin = blockIdx.y * kper;
+    const u32 k_end = min(K, k_begin + kper);
+
+    // the first group's W and statistics are loaded before the tables are filled and A is staged
+    RowsGroup G;
+    if (row0 < N && k_begin < k_end) rows_load(G, B, s, row0, N, K, k_end, g, t, k_begin);
+    setup_tables();
+    if (code2 != nullptr)
+        for (u32 i = threadIdx.x; i < 256; i += blockDim.x) nf4t_code2[i] = __ldg(code2 + i);
+    unsigned char* a_st = nf4t_dyn + NF4T_DYN_TABLE;
+    const u32 pitch = tc_a_pitch(kper);
+    rows_stage_a(A, a_st, pitch, m0, mrows, K, k_begin, k_end);
+    __syncthreads();
+    rows_slice(G, B, s, absmax_f, bias, out, ws, a_st, pitch, row0, m0, mrows, N, K, k_begin, k_end, g, t, lane, lane4);
     if (ws != nullptr) {
         const u32 rows = min(warps * NF4T_RPW, N - row_first);
-        finish_split(blockIdx.z * gridDim.x + blockIdx.x, row_first, rows, m0, mrows, N, bias, out, ws, counters);
+        finish_split(blockIdx.z * gridDim.x + blockIdx.x, row_first, rows, m0, mrows, N, bias, out, ws, counters,
+                     gridDim.y);
     }
+#else
+    // stream-K: this CTA's run of units, a slice of one row tile at a time (kper: the longest slice, so A's
+    // stage holds any). A tile's slice is written to y if it is the whole K, else added to the workspace and
+    // the last of the tile's CTAs finishes it.
+    const u32 tiles = (N + warps * NF4T_RPW - 1) / (warps * NF4T_RPW);
+    const u32 gpt = (K + NF4T_GK - 1) / NF4T_GK;                       // groups per row tile
+    const u32 units = tiles * gpt, ctas = gridDim.x;                     // units <= N*K / 512 < 2^22
+    u32 u = (u32)((u64)blockIdx.x * units / ctas);
+    const u32 u_end = (u32)((u64)(blockIdx.x + 1u) * units / ctas);
+    for (bool first = true; u < u_end; first = false) {
+        const u32 tile = u / gpt, g0 = u % gpt, g1 = min(gpt, g0 + (u_end - u));
+        const u32 row_first = tile * warps * NF4T_RPW;
+        const bool whole = g0 == 0 && g1 == gpt;
+        rows_segment(A, B, s, code2, absmax_f, bias, out, whole ? nullptr : ws, N, K, kper, m0, mrows, row_first,
+                     g0 * NF4T_GK, min(K, g1 * NF4T_GK), first);
+        if (!whole) {
+            const u32 rows = min(warps * NF4T_RPW, N - row_first);
+            const u32 parts = stream_k_cta((tile + 1u) * gpt - 1u, units, ctas) - stream_k_cta(tile * gpt, units, ctas) + 1u;
+            finish_split(blockIdx.z * tiles + tile, row_first, rows, m0, mrows, N, bias, out, ws, counters, parts);
+        }
+        u += g1 - g0;
+    }
+#endif
 }
 #elif NF4T_FEED == 1
 // ---- the bulk feed (NF4T_FEED 1): a producer warp (the CTA's last) fills a ring of NF4T_STAGES

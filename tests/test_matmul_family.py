@@ -580,8 +580,7 @@ def test_the_row_tile_tensor_core_path(compile_cache):
         MM.config(**dict(rows, astage="global"), m=1)
     with pytest.raises(InvalidConfig, match="16-bit code pairs"):
         MM.config(**dict(rows, lut="shared"), m=1)
-    with pytest.raises(InvalidConfig, match="knobs of the K-split tensor-core path"):
-        MM.config(**rows, persist=1, m=1)
+    assert MM.config(**rows, persist=1, m=1).persist == 1                 # stream-K
     with pytest.raises(InvalidConfig, match="knobs of the K-split tensor-core path"):
         MM.config(**rows, stages=4, m=1)
     with pytest.raises(InvalidConfig, match="16 or 32 rows per warp"):
@@ -806,3 +805,85 @@ def test_the_row_tile_loop_takes_about_half_the_instructions_per_byte_of_simts(c
         per_byte[name] = min(lp.path for lp in found) / step_bytes
         assert dict(found[0].mix).get("HMMA" if name == "rows" else "FFMA", 0) >= 16
     assert per_byte["rows"] <= 0.6 * per_byte["simt"], per_byte
+
+
+# ----------------------------------------------------------------------------- stream-K (mma-rows, persist)
+@pytest.mark.parametrize("units, ctas", [(1, 1), (7, 7), (3584, 132), (32, 5), (208, 4), (1000, 999), (13, 2)])
+def test_stream_k_runs_cover_every_unit_once_and_count_each_tiles_ctas(units, ctas):
+    from tuner.families.matmul import stream_k_cta, stream_k_parts, stream_k_runs
+
+    runs = stream_k_runs(units, ctas)
+    assert runs[0][0] == 0 and runs[-1][1] == units and all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
+    lengths = [b - a for a, b in runs]
+    assert min(lengths) >= 1 and max(lengths) - min(lengths) <= 1            # even shares, none empty
+    for u in range(units):
+        c = stream_k_cta(u, units, ctas)
+        assert runs[c][0] <= u < runs[c][1]
+    for groups in {g for g in (1, 2, 3, 8, 32) if units % g == 0}:
+        tiles = units // groups
+        parts = stream_k_parts(tiles, groups, ctas)
+        for r, n in enumerate(parts):
+            lo, hi = r * groups, (r + 1) * groups
+            assert n == sum(1 for a, b in runs if a < hi and lo < b), (r, groups)
+    with pytest.raises(ValueError, match="CTAs"):
+        stream_k_runs(units, units + 1)
+
+
+def test_stream_k_plans_one_even_run_per_resident_cta():
+    from tuner.families.matmul import rows_stage_bytes
+
+    knobs = dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, scale="block", astage="shared",
+                 lut="pairx", unroll=2, prefetch=1, span=2, m=1)
+    c = MM.config(**knobs, warps=16, persist=1)
+    with pytest.raises(InvalidConfig, match="ksplit 1"):
+        MM.config(**knobs, warps=16, persist=1, ksplit=2)
+    with pytest.raises(InvalidConfig, match="8-row batch tile"):
+        MM.config(**dict(knobs, mtile=16, m=8), warps=8, persist=1)
+    with pytest.raises(InvalidConfig, match="16-row tile per warp"):
+        MM.config(**dict(knobs, rows_per_warp=32), warps=8, persist=1)
+    h100 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
+    # 28672 rows of 256-row tiles: 112 tiles x 32 groups of 256 values over 132 CTAs (one per SM at 128 registers
+    # x 512 threads), runs of 27 or 28 groups, so A's stage holds 28 groups; every tile is cut, 100 in two, 12 in three
+    p = MatmulPlan(c, 1, 28672, 8192, 64, 256, h100, registers=128, device="cpu")
+    assert p.grid == (132, 1, 1) and p.block == 512 and p.kper == 28 * 256
+    assert p.smem == 256 * 256 + rows_stage_bytes(28 * 256, 1)
+    assert len(p.stream_k_parts) == 112 and sorted(p.stream_k_parts) == [2] * 100 + [3] * 12
+    assert p.ws.numel() == 28672 and p.counters.numel() == 112
+    # without stream-K the same config runs 112 CTAs
+    assert MatmulPlan(c.replace(persist=0), 1, 28672, 8192, 64, 256, h100, registers=113, device="cpu").grid == (
+        112, 1, 1)
+    # half the registers: two CTAs per SM; a small problem: no more CTAs than units, one unit each
+    p = MatmulPlan(c.replace(warps=8), 1, 28672, 8192, 64, 256, h100, registers=100, device="cpu")
+    assert p.grid == (264, 1, 1) and len(p.stream_k_parts) == 224 and max(p.stream_k_parts) == 3
+    p = MatmulPlan(c, 1, 1000, 2048, 64, 256, h100, registers=128, device="cpu")
+    assert p.grid == (4 * 8, 1, 1) and p.kper == 256 and p.stream_k_parts == [8] * 4
+    # a run of whole tiles only: no workspace
+    p = MatmulPlan(c, 1, 4096, 2048, 64, 256, DeviceLimits(sm_count=16, smem_per_block_optin=227 * 1024),
+                   registers=128, device="cpu")
+    assert p.grid == (16, 1, 1) and p.stream_k_parts == [1] * 16 and p.ws is None
+
+
+def test_stream_k_slices_keep_the_one_slice_loop(compile_cache):
+    """The stream-K kernel calls a slice function per slice (gemv4.cu: inlined in the run's loop, ptxas added
+    the pair table's base to every lookup): at the served span shape (sm_90), its group loops hold no local
+    memory, keep the mmas and W loads per group, take at most 10% more instructions than the one-slice kernel's,
+    and 16 warps fit."""
+    from tuner.kernel.compiler import compile_config
+    from tuner.kernel.sass import disassemble, find_nvdisasm, loops
+
+    try:
+        find_nvdisasm()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    rows = dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, scale="block", astage="shared",
+                lut="pairx", unroll=2, prefetch=1, span=2, warps=16, m=1)
+    group = {}
+    for persist in (0, 1):
+        k = compile_config(MM.config(**rows, persist=persist), "sm_90", cache_dir=compile_cache)
+        assert k.registers * 16 * 32 <= 65536, (persist, k.registers)
+        found = [lp for lp in loops(disassemble(k.cubin), min_len=150) if dict(lp.mix).get("HMMA")]
+        assert found and not any(dict(lp.mix).get("LDL") or dict(lp.mix).get("STL") for lp in found), persist
+        group[persist] = min(found, key=lambda lp: lp.path)
+    for op in ("HMMA", "LDG"):
+        assert dict(group[1].mix).get(op) == dict(group[0].mix).get(op), op
+    assert group[1].path <= 1.1 * group[0].path, (group[0].path, group[1].path)

@@ -174,7 +174,18 @@ CONFIGS = [
              lut="pairx", astage="shared", unroll=2, prefetch=2, span=2)),
     (2, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=8, ksplit=16, scale="block",
              lut="pair", astage="shared", unroll=1, prefetch=2, span=2)),
+    # ... stream-K (persist: as many CTAs as are resident, each an even run of (row tile, group) units, tiles cut
+    # between CTAs summed in the workspace): the served span shape with 16 warps, 8-byte loads in one block with
+    # groups of 4 and the plain table, the permute decode at batch 4
+    (1, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=16, ksplit=1, scale="block",
+             lut="pairx", astage="shared", unroll=2, prefetch=1, span=2, persist=1)),
+    (2, dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=8, warps=8, ksplit=1, scale="block",
+             lut="pair", astage="shared", unroll=4, persist=1)),
+    (4, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=4, ksplit=1, scale="block",
+             lut="prmt", astage="shared", unroll=1, prefetch=1, span=2, persist=1, wload="plain")),
 ]
+#: the stream-K configs
+STREAM_K_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("mma") == "mma-rows" and k.get("persist")]
 #: the configs that mix prmt into pairx's decode
 PRMTQ_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("prmt_quarters", 0)]
 #: the configs that load two groups ahead
@@ -278,6 +289,43 @@ def test_two_groups_ahead_give_one_group_aheads_sums_bit_for_bit(seed, index):
     output is the prefetch-1 config's bit for bit."""
     m, knobs = CONFIGS[index]
     _same_output_as(seed, m, knobs, dict(prefetch=1))
+
+
+@pytest.mark.parametrize("index", STREAM_K_CONFIGS)
+def test_stream_k_over_any_count_of_ctas(seed, index):
+    """Stream-K with the grid the plan makes on a GPU of 1, 2, 5 or 13 SMs and on this one: runs of several
+    tiles, tiles cut between 2 to many CTAs, whole tiles; each output within the gate's bound of the reference
+    with no NaN of the poisoned output left, twice in a row (the workspace and the counters put back to zero);
+    and the candidate at 28672x8192 and 1024x4096."""
+    from dataclasses import replace
+
+    from tuner.kernel.arch import device_limits
+    from tuner.kernel.launch import bind, load_kernel
+
+    m, knobs = CONFIGS[index]
+    bs = 8 * knobs["load_bytes"] // knobs["span"] if knobs.get("span", 1) > 1 else 64
+    real = device_limits(0)
+    for dtype, quant in (("bf16", "nf4"), ("fp16", "fp4")):
+        c = MM.config(**knobs, dtype=dtype, quant=quant, m=m)
+        k = load_kernel(c)
+        prob = P(999, 3 * 1024 + 2 * bs, m, dtype, quant, bs)
+        inputs = MM.make_inputs(prob, (999, 3 * 1024 + 2 * bs, max(1, m - 1), True), seed)
+        want = MM.expected(inputs)
+        grids = set()
+        for sms in (1, 2, 5, 13, real.sm_count):
+            plan = MM.plan_for(c, inputs, replace(real, sm_count=sms), k.compiled.registers)
+            grids.add(plan.grid[0])
+            for _ in range(2):
+                out = MM.new_output(inputs)
+                bind(k, inputs, out, plan=plan)()
+                torch.cuda.synchronize()
+                assert not torch.isnan(out).any(), f"{c.short()} on {sms} SMs: NaN left in the output"
+                bad = MM.compare(out, want, inputs, c)
+                assert not bad, f"{c.short()} on {sms} SMs (grid {plan.grid}, parts {plan.stream_k_parts}): {bad}"
+        assert len(grids) >= 4, grids
+    for n, kk in ((28672, 8192), (1024, 4096)):
+        r = check_config(MM.config(**knobs, m=m), P(n, kk, m, bs=bs), seed=seed)
+        assert r.ok, f"{n}x{kk}: {r.reason}"
 
 
 def test_plain_absmax(seed):

@@ -189,8 +189,8 @@ def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, pers
     if span != 1 and mma != "mma-rows":
         return "span (a window over several blocks) is a knob of the row-tile tensor-core path (mma-rows)"
     if mma == "mma-rows":
-        if persist or stages or feed != "lanes" or stats != "lanes":
-            return "persist, stages, feed and stats are knobs of the K-split tensor-core path (mma-ks)"
+        if stages or feed != "lanes" or stats != "lanes":
+            return "stages, feed and stats are knobs of the K-split tensor-core path (mma-ks)"
         if astage != "shared":
             return "the row-tile tensor-core path stages A in shared memory (astage shared)"
         if 8 * load_bytes < 32 * span:
@@ -203,7 +203,8 @@ def _ks_shape(mma, load_bytes, rows_per_warp, mtile, warps, astage, unroll, pers
         return None
     if mma != "mma-ks":
         if unroll != 1 or persist or stages or feed != "lanes" or stats != "lanes":
-            return "unroll, persist, stages, feed and stats are knobs of the K-split tensor-core path (unroll also of mma-rows)"
+            return ("unroll, persist, stages, feed and stats are knobs of the K-split tensor-core path (unroll and "
+                    "persist also of mma-rows)")
         return None
     if stats == "tile" and feed == "bulk":
         return "the tile's scale table (stats tile) is not a structure of the bulk feed (it copies the statistics)"
@@ -271,6 +272,39 @@ def _prefetch_path(mma, load_bytes, prefetch):
     if prefetch == 2 and load_bytes != 16:
         return "prefetch 2 (two groups ahead) is for the 16-byte loads of the span loop"
     return None
+
+
+def _stream_k_shape(mma, persist, ksplit, rows_per_warp, mtile):
+    if mma != "mma-rows" or not persist:
+        return None
+    if ksplit != 1:
+        return "mma-rows with persist (stream-K) splits K by its own even shares: ksplit 1"
+    if rows_per_warp != 16 or mtile != 8:
+        # gemv4.cu: the slice is a function call under a 512-thread launch bound (128 registers)
+        return ("mma-rows with persist (stream-K) takes one 16-row tile per warp and the 8-row batch tile: "
+                "larger tiles spill in the loop under its 128-register bound")
+    return None
+
+
+def stream_k_runs(units: int, ctas: int) -> list:
+    """Stream-K's even shares (mma-rows with persist): CTA c takes units [c*units//ctas, (c+1)*units//ctas),
+    as the kernel computes them."""
+    if not 0 < ctas <= units:
+        raise ValueError(f"stream-K needs 1..{units} CTAs for {units} units, not {ctas}")
+    return [(c * units // ctas, (c + 1) * units // ctas) for c in range(ctas)]
+
+
+def stream_k_cta(u: int, units: int, ctas: int) -> int:
+    """The CTA whose stream-K run holds unit ``u`` (the template's stream_k_cta)."""
+    return ((u + 1) * ctas - 1) // units
+
+
+def stream_k_parts(tiles: int, groups: int, ctas: int) -> list:
+    """For each row tile of ``groups`` units: how many CTAs' runs it is cut into (the kernel's count of the
+    CTAs that add a slice of it to the workspace; 1: one CTA writes it whole)."""
+    units = tiles * groups
+    return [stream_k_cta((r + 1) * groups - 1, units, ctas) - stream_k_cta(r * groups, units, ctas) + 1
+            for r in range(tiles)]
 
 
 def _tile_fits_batch(mma, mtile, m, span):
@@ -419,17 +453,30 @@ class MatmulPlan:
                                        f"{staged}, lut table: {lut_table}) beside {static} of static tables "
                                        f"exceed the device's {limit} per block at K per split {kper}")
         gx = tiles
+        #: mma-rows with persist (stream-K): how many CTAs each row tile is cut between (None: not stream-K)
+        self.stream_k_parts = None
         if getattr(c, "persist", 0):
-            # a few CTAs per SM loop over the row tiles: as many as can be resident at once
+            # as many CTAs as can be resident at once (A's stage of the whole K: the stage only shrinks below)
             resident = limits.max_threads_per_sm // threads
             if registers:
                 resident = min(resident, limits.regs_per_sm // (registers * threads))
             resident = min(resident, max(1, (limits.smem_per_block_optin + 1024) // (self.smem + static + 1024)))
-            gx = min(tiles, max(1, resident) * limits.sm_count)
+            if c.mma == "mma-rows":
+                # stream-K: each CTA of a batch tile's share of the resident CTAs takes an even run of the
+                # (row tile, group) units; A's stage holds its longest slice
+                groups = -(-K // kit)
+                units = tiles * groups
+                gx = min(units, max(1, max(1, resident) * limits.sm_count // mtiles))
+                self.kper = min(groups, -(-units // gx)) * kit
+                self.smem = lut_table + rows_stage_bytes(self.kper, min(batch_per_cta, M), act_bytes)
+                self.stream_k_parts = stream_k_parts(tiles, groups, gx)
+            else:
+                # mma-ks: a few CTAs per SM loop over the row tiles
+                gx = min(tiles, max(1, resident) * limits.sm_count)
         self.grid = (gx, self.splits, mtiles)
         self.block = threads
         self.ws = self.counters = None
-        if self.splits > 1:
+        if self.splits > 1 or max(self.stream_k_parts or [1]) > 1:
             import torch
 
             self.ws = torch.zeros(M * N, dtype=torch.float32, device=device or "cuda")
@@ -566,7 +613,9 @@ class MatmulFamily(Family):
              help="mma-rows with lut pairx: quarters of the packed bytes decoded by lut prmt's byte permutes "
                   "(ALU only) instead of the pair table's shared loads, which share the L1 pipe with W's loads"),
         Knob("persist", (0, 1), "source", "NF4T_PERSIST", label="p{}",
-             help="mma-ks: a few CTAs per SM loop over the row tiles (tables filled once per CTA)"),
+             help="mma-ks: a few CTAs per SM loop over the row tiles (tables filled once per CTA); mma-rows: "
+                  "stream-K: as many CTAs as are resident at once, each an equal run of the (row tile, group of "
+                  "K) units, a tile cut between CTAs summed in the split-K workspace (ksplit 1)"),
         Knob("stages", (0, 2, 4), "source", "NF4T_STAGES", label="st{}",
              help="mma-ks: 0 loads W into registers; N stages W through a shared-memory ring N deep (feed: "
                   "per warp by the lanes' cp.async, 4 only; or per CTA by a producer warp's bulk copies)"),
@@ -586,6 +635,7 @@ class MatmulFamily(Family):
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "scale", "dtype"), _path_shape),
         Constraint(("mma", "mtile", "m", "span"), _tile_fits_batch),
         Constraint(("mma", "load_bytes", "prefetch"), _prefetch_path),
+        Constraint(("mma", "persist", "ksplit", "rows_per_warp", "mtile"), _stream_k_shape),
         Constraint(("mma", "warps"), _warps_path),
         Constraint(("mma", "lut", "dtype"), _lut_path),
         Constraint(("mma", "lut", "load_bytes", "prmt_quarters"), _prmt_mix),
@@ -608,8 +658,8 @@ class MatmulFamily(Family):
         "lut pairf: simt only (float pairs; its table needs the shared-memory opt-in)",
         "lut pairmix: simt only, bf16/fp16 (float and 16-bit pairs; its table needs the shared-memory opt-in)",
         "mma-rows: rows_per_warp 16/32 (rows per warp), mtile 8/16, scale block, A shared, lut pair/pairx/prmt, "
-        f"dtype bf16/fp16, loads in flight <= {ROWS_MAX_LOAD_REGISTERS} registers; warps up to 16; unroll, no "
-        "persist/stages/feed/stats; span 2/4 only here, with parts of at least 32 values (8 x load_bytes >= "
+        f"dtype bf16/fp16, loads in flight <= {ROWS_MAX_LOAD_REGISTERS} registers; warps up to 16; unroll, "
+        "persist (stream-K: ksplit 1, rows_per_warp 16, mtile 8), no stages/feed/stats; span 2/4 only here, with parts of at least 32 values (8 x load_bytes >= "
         "32 x span); plan time: span == max(1, 8 x load_bytes / blocksize), A's stage fits the opt-in",
         "prmt_quarters 1/2: mma-rows with lut pairx and 8- or 16-byte loads only",
         f"prefetch 2: mma-rows with 16-byte loads only, loads in flight <= {ROWS_MAX_LOAD_REGISTERS_TWO_AHEAD} registers",
