@@ -272,7 +272,7 @@ def test_a_sample_of_the_space_compiles_for_hopper_blackwell_and_rtx50(compile_c
 
 def test_every_three_source_knob_values_together_compile_for_sm90(compile_cache):
     """A covering sample of the bf16/nf4 matmul space: every combination of 3 source-knob values
-    that some source has (251 of about 10,000 sources); the whole space is the slow test below."""
+    that some source has (251 of about 10,300 sources); the whole space is the slow test below."""
     import os
 
     from tuner.kernel.compiler import compile_many

@@ -659,8 +659,9 @@ class MatmulFamily(Family):
         "lut pairmix: simt only, bf16/fp16 (float and 16-bit pairs; its table needs the shared-memory opt-in)",
         "mma-rows: rows_per_warp 16/32 (rows per warp), mtile 8/16, scale block, A shared, lut pair/pairx/prmt, "
         f"dtype bf16/fp16, loads in flight <= {ROWS_MAX_LOAD_REGISTERS} registers; warps up to 16; unroll, "
-        "persist (stream-K: ksplit 1, rows_per_warp 16, mtile 8), no stages/feed/stats; span 2/4 only here, with parts of at least 32 values (8 x load_bytes >= "
-        "32 x span); plan time: span == max(1, 8 x load_bytes / blocksize), A's stage fits the opt-in",
+        "persist (stream-K: ksplit 1, rows_per_warp 16, mtile 8), no stages/feed/stats; span 2/4 only here, "
+        "with parts of at least 32 values (8 x load_bytes >= 32 x span); plan time: span == max(1, 8 x "
+        "load_bytes / blocksize), A's stage fits the opt-in",
         "prmt_quarters 1/2: mma-rows with lut pairx and 8- or 16-byte loads only",
         f"prefetch 2: mma-rows with 16-byte loads only, loads in flight <= {ROWS_MAX_LOAD_REGISTERS_TWO_AHEAD} registers",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
