@@ -13,7 +13,7 @@
 # at plan time (a failed config in the screen, with the reason). LUTS=pairx,prmt adds the byte-permute decode
 # (codes in registers: no lookups through the L1, about twice the loop's instructions).
 # Session 15 (no device): PERSISTS=0,1 adds stream-K (persist 1: the resident CTAs take even runs of
-# (row tile, group) units; ksplit 1 only, rows_per_warp 16 and mtile 8).
+# (row tile, group) units; rows_per_warp 16 and mtile 8; ksplit: CTAs per resident slot).
 # Usage: [M=1] [MTILES=8] [LUTS=pair,pairx] [WARPS=8,14,16] [UNROLLS=1,2,4] [LOADS=4,8] [SPANS=1]
 #        [KSPLITS=1,2,4] [PQS=0] [PREFETCHES=0,1] [PERSISTS=0] [NAME=rows] [TABLES=..] bash ci/explore-rows.sh [PROBLEMS...]
 #        (TABLES= empty: no knob tables; unset: the default knobs)

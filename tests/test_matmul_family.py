@@ -835,8 +835,6 @@ def test_stream_k_plans_one_even_run_per_resident_cta():
     knobs = dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, scale="block", astage="shared",
                  lut="pairx", unroll=2, prefetch=1, span=2, m=1)
     c = MM.config(**knobs, warps=16, persist=1)
-    with pytest.raises(InvalidConfig, match="ksplit 1"):
-        MM.config(**knobs, warps=16, persist=1, ksplit=2)
     with pytest.raises(InvalidConfig, match="8-row batch tile"):
         MM.config(**dict(knobs, mtile=16, m=8), warps=8, persist=1)
     with pytest.raises(InvalidConfig, match="16-row tile per warp"):
@@ -849,6 +847,9 @@ def test_stream_k_plans_one_even_run_per_resident_cta():
     assert p.smem == 256 * 256 + rows_stage_bytes(28 * 256, 1)
     assert len(p.stream_k_parts) == 112 and sorted(p.stream_k_parts) == [2] * 100 + [3] * 12
     assert p.ws.numel() == 28672 and p.counters.numel() == 112
+    # ksplit: CTAs per resident slot (shorter runs), K never split otherwise
+    p = MatmulPlan(c.replace(ksplit=2), 1, 28672, 8192, 64, 256, h100, registers=128, device="cpu")
+    assert p.grid == (264, 1, 1) and p.kper == 14 * 256 and p.splits == 1
     # without stream-K the same config runs 112 CTAs
     assert MatmulPlan(c.replace(persist=0), 1, 28672, 8192, 64, 256, h100, registers=113, device="cpu").grid == (
         112, 1, 1)

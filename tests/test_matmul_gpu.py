@@ -176,10 +176,10 @@ CONFIGS = [
              lut="pair", astage="shared", unroll=1, prefetch=2, span=2)),
     # ... stream-K (persist: as many CTAs as are resident, each an even run of (row tile, group) units, tiles cut
     # between CTAs summed in the workspace): the served span shape with 16 warps, 8-byte loads in one block with
-    # groups of 4 and the plain table, the permute decode at batch 4
+    # groups of 4, the plain table and two CTAs per resident slot (ksplit 2), the permute decode at batch 4
     (1, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=16, ksplit=1, scale="block",
              lut="pairx", astage="shared", unroll=2, prefetch=1, span=2, persist=1)),
-    (2, dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=8, warps=8, ksplit=1, scale="block",
+    (2, dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=8, warps=8, ksplit=2, scale="block",
              lut="pair", astage="shared", unroll=4, persist=1)),
     (4, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=4, ksplit=1, scale="block",
              lut="prmt", astage="shared", unroll=1, prefetch=1, span=2, persist=1, wload="plain")),

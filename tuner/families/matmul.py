@@ -274,11 +274,11 @@ def _prefetch_path(mma, load_bytes, prefetch):
     return None
 
 
-def _stream_k_shape(mma, persist, ksplit, rows_per_warp, mtile):
+def _stream_k_shape(mma, persist, rows_per_warp, mtile):
+    # (ksplit is not tied in here: a launch knob in this group would multiply the group's combinations, the
+    # space's walk, by its 5 values; with stream-K it counts the CTAs per resident slot instead, MatmulPlan)
     if mma != "mma-rows" or not persist:
         return None
-    if ksplit != 1:
-        return "mma-rows with persist (stream-K) splits K by its own even shares: ksplit 1"
     if rows_per_warp != 16 or mtile != 8:
         # gemv4.cu: the slice is a function call under a 512-thread launch bound (128 registers)
         return ("mma-rows with persist (stream-K) takes one 16-row tile per warp and the 8-row batch tile: "
@@ -403,7 +403,8 @@ class MatmulPlan:
         else:
             kit = {"mma": 128, "mma-rows": 8 * c.load_bytes * c.unroll}.get(c.mma, 64 * c.load_bytes)  # K per step
             rows_per_cta = c.warps * c.rows_per_warp
-        kper = -(-(-(-K // c.ksplit)) // kit) * kit
+        stream_k = c.mma == "mma-rows" and c.persist
+        kper = -(-(-(-K // (1 if stream_k else c.ksplit))) // kit) * kit
         self.kper = kper
         self.splits = -(-K // kper)
         tiles = -(-N // rows_per_cta)
@@ -461,12 +462,12 @@ class MatmulPlan:
             if registers:
                 resident = min(resident, limits.regs_per_sm // (registers * threads))
             resident = min(resident, max(1, (limits.smem_per_block_optin + 1024) // (self.smem + static + 1024)))
-            if c.mma == "mma-rows":
-                # stream-K: each CTA of a batch tile's share of the resident CTAs takes an even run of the
-                # (row tile, group) units; A's stage holds its longest slice
+            if stream_k:
+                # stream-K: each CTA of a batch tile's share of the resident CTAs (times ksplit: CTAs per
+                # resident slot) takes an even run of the (row tile, group) units; A's stage holds its longest slice
                 groups = -(-K // kit)
                 units = tiles * groups
-                gx = min(units, max(1, max(1, resident) * limits.sm_count // mtiles))
+                gx = min(units, max(1, max(1, resident) * limits.sm_count * c.ksplit // mtiles))
                 self.kper = min(groups, -(-units // gx)) * kit
                 self.smem = lut_table + rows_stage_bytes(self.kper, min(batch_per_cta, M), act_bytes)
                 self.stream_k_parts = stream_k_parts(tiles, groups, gx)
@@ -584,7 +585,8 @@ class MatmulFamily(Family):
              help="warps per CTA (12, 14, 16: SIMT and mma-rows only, one pair table and one stage of A for more warps; 12 and 14 "
                   "change how many rows a wave of resident CTAs covers, and so the last wave's fill)"),
         Knob("ksplit", (1, 2, 4, 8, 16), "launch", label="k/{}",
-             help="split-K: slices of K over CTAs, summed by fp32 atomics, the last CTA finishing the tile"),
+             help="split-K: slices of K over CTAs, summed by fp32 atomics, the last CTA finishing the tile; "
+                  "mma-rows with persist (stream-K): CTAs per resident slot (its runs are that much shorter)"),
         Knob("lut", ("shared", "register", "pair", "prmt", "pairx", "pairf", "pairmix"), "source", "NF4T_LUT",
              help="the 16-entry code in shared memory, a select tree in registers, a 256-entry table of "
                   "code pairs (one lookup per byte), replicated per lane phase (32 KiB), or (bf16/fp16, mma-ks "
@@ -614,8 +616,8 @@ class MatmulFamily(Family):
                   "(ALU only) instead of the pair table's shared loads, which share the L1 pipe with W's loads"),
         Knob("persist", (0, 1), "source", "NF4T_PERSIST", label="p{}",
              help="mma-ks: a few CTAs per SM loop over the row tiles (tables filled once per CTA); mma-rows: "
-                  "stream-K: as many CTAs as are resident at once, each an equal run of the (row tile, group of "
-                  "K) units, a tile cut between CTAs summed in the split-K workspace (ksplit 1)"),
+                  "stream-K: as many CTAs as are resident at once (times ksplit), each an equal run of the (row "
+                  "tile, group of K) units, a tile cut between CTAs summed in the split-K workspace"),
         Knob("stages", (0, 2, 4), "source", "NF4T_STAGES", label="st{}",
              help="mma-ks: 0 loads W into registers; N stages W through a shared-memory ring N deep (feed: "
                   "per warp by the lanes' cp.async, 4 only; or per CTA by a producer warp's bulk copies)"),
@@ -635,7 +637,7 @@ class MatmulFamily(Family):
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "scale", "dtype"), _path_shape),
         Constraint(("mma", "mtile", "m", "span"), _tile_fits_batch),
         Constraint(("mma", "load_bytes", "prefetch"), _prefetch_path),
-        Constraint(("mma", "persist", "ksplit", "rows_per_warp", "mtile"), _stream_k_shape),
+        Constraint(("mma", "persist", "rows_per_warp", "mtile"), _stream_k_shape),
         Constraint(("mma", "warps"), _warps_path),
         Constraint(("mma", "lut", "dtype"), _lut_path),
         Constraint(("mma", "lut", "load_bytes", "prmt_quarters"), _prmt_mix),
@@ -659,7 +661,8 @@ class MatmulFamily(Family):
         "lut pairmix: simt only, bf16/fp16 (float and 16-bit pairs; its table needs the shared-memory opt-in)",
         "mma-rows: rows_per_warp 16/32 (rows per warp), mtile 8/16, scale block, A shared, lut pair/pairx/prmt, "
         f"dtype bf16/fp16, loads in flight <= {ROWS_MAX_LOAD_REGISTERS} registers; warps up to 16; unroll, "
-        "persist (stream-K: ksplit 1, rows_per_warp 16, mtile 8), no stages/feed/stats; span 2/4 only here, "
+        "persist (stream-K: rows_per_warp 16, mtile 8; ksplit: CTAs per resident slot), no stages/feed/stats; "
+        "span 2/4 only here, "
         "with parts of at least 32 values (8 x load_bytes >= 32 x span); plan time: span == max(1, 8 x "
         "load_bytes / blocksize), A's stage fits the opt-in",
         "prmt_quarters 1/2: mma-rows with lut pairx and 8- or 16-byte loads only",
