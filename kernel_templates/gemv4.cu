@@ -95,7 +95,8 @@
 //                84% busy in session 13's profile), prmt about 5.5 ALU instructions and no memory; a mix
 //                moves part of the decode off the L1 pipe. The same 16-bit codes: the same sums bit for bit.
 //   NF4T_PERSIST mma-ks: 1 a few CTAs per SM loop over the row tiles.
-//                mma-rows: 1 stream-K: the grid is the CTAs resident at once, and each takes an equal run of
+//                mma-rows: 1 stream-K: the grid is the CTAs resident at once (times ksplit: the plan's CTAs per
+//                resident slot; the kernel takes gridDim.x as it comes), and each takes an equal run of
 //                the (row tile, group of K) units, row tile major, as slices of one tile at a time; a tile
 //                cut between CTAs is summed in the split-K workspace and finished by its last CTA. A CTA per
 //                (row tile, K slice) runs only as many warps as the tiles have: 28672 rows of 256-row tiles
