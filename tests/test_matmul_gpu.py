@@ -269,7 +269,22 @@ def _same_output_as(seed, m, knobs, other):
                 outs.append(out)
             c = MM.config(**knobs, dtype=dtype, quant=quant, m=m)
             assert not torch.isnan(outs[0]).any(), f"{c.short()}: NaN left in the output"
-            assert torch.equal(outs[0], outs[1]), f"{c.short()} {prob.label()}: differs with {other}"
+            if knobs.get("ksplit", 1) <= 2:
+                # one or two fp32 parts per output: the split's atomic sum is the same whatever the order
+                assert torch.equal(outs[0], outs[1]), f"{c.short()} {prob.label()}: differs with {other}"
+            else:
+                # more parts: the fp32 atomics add in arrival order, so two runs (of one config or two) may
+                # round apart; each within the gate's bound, and apart by at most two fp32 sums' order noise
+                # (gamma(K) * S each) plus one unit in the last place of the output dtype
+                for out in outs:
+                    assert MM.compare(out, MM.expected(inputs), inputs, c) is None
+                ref = MM._reference(inputs)
+                K = prob.shape[1]
+                gamma = K * 2.0 ** -24 / (1 - K * 2.0 ** -24)
+                b = outs[1].double()
+                allowed = 2 * gamma * ref["S"] + torch.finfo(outs[1].dtype).eps * b.abs()
+                worst = ((outs[0].double() - b).abs() - allowed).max().item()
+                assert worst <= 0, f"{c.short()} {prob.label()}: differs with {other} beyond the sum order's noise"
     c = MM.config(**knobs, m=m)
     r = check_config(c, P(28672, 8192, m, bs=bs), seed=seed)
     assert r.ok, f"{c.short()} 28672x8192: {r.reason}"
@@ -286,7 +301,8 @@ def test_prmt_quarters_give_the_pair_tables_sums_bit_for_bit(seed, index):
 @pytest.mark.parametrize("index", AHEAD2_CONFIGS)
 def test_two_groups_ahead_give_one_group_aheads_sums_bit_for_bit(seed, index):
     """prefetch 2 only issues the loads earlier: the same groups are computed in the same order, so the
-    output is the prefetch-1 config's bit for bit."""
+    output is the prefetch-1 config's bit for bit (where K is split in more than two parts, up to the fp32
+    atomics' arrival order: session 16's H100 saw fp16 at split-K 16 round apart)."""
     m, knobs = CONFIGS[index]
     _same_output_as(seed, m, knobs, dict(prefetch=1))
 
