@@ -14,7 +14,7 @@ import bitsandbytes as bnb
 import bitsandbytes.functional as F
 
 from tuner.families import MATMUL as MM
-from tuner.families.matmul import rows_span
+from tuner.families.matmul import gamma, rows_span
 from tuner.kernel.launch import LoadedKernel
 from tuner.measure.gate import check_config
 from tuner.vocabulary import Problem
@@ -260,16 +260,19 @@ def _same_output_as(seed, m, knobs, other):
         for quant in ("nf4", "fp4"):
             prob = P(999, 3 * 1024 + 2 * bs, m, dtype, quant, bs)
             inputs = MM.make_inputs(prob, prob.shape, seed)
-            outs = []
+            outs, parts = [], 1
             for k in (knobs, dict(knobs, **other)):
                 c = MM.config(**k, dtype=dtype, quant=quant, m=m)
                 out = MM.new_output(inputs)
-                bind(load_kernel(c), inputs, out)()
+                launch = bind(load_kernel(c), inputs, out)
+                launch()
                 torch.cuda.synchronize()
                 outs.append(out)
+                # the fp32 parts summed into an output: K's splits, or the most CTAs a stream-K tile is cut between
+                parts = max(parts, launch.plan.splits, *(launch.plan.stream_k_parts or [1]))
             c = MM.config(**knobs, dtype=dtype, quant=quant, m=m)
             assert not torch.isnan(outs[0]).any(), f"{c.short()}: NaN left in the output"
-            if knobs.get("ksplit", 1) <= 2:
+            if parts <= 2:
                 # one or two fp32 parts per output: the split's atomic sum is the same whatever the order
                 assert torch.equal(outs[0], outs[1]), f"{c.short()} {prob.label()}: differs with {other}"
             else:
@@ -278,11 +281,9 @@ def _same_output_as(seed, m, knobs, other):
                 # (gamma(K) * S each) plus one unit in the last place of the output dtype
                 for out in outs:
                     assert MM.compare(out, MM.expected(inputs), inputs, c) is None
-                ref = MM._reference(inputs)
-                K = prob.shape[1]
-                gamma = K * 2.0 ** -24 / (1 - K * 2.0 ** -24)
                 b = outs[1].double()
-                allowed = 2 * gamma * ref["S"] + torch.finfo(outs[1].dtype).eps * b.abs()
+                allowed = (2 * gamma(inputs.K, 2.0**-24) * MM._reference(inputs)["S"]
+                           + torch.finfo(outs[1].dtype).eps * b.abs())
                 worst = ((outs[0].double() - b).abs() - allowed).max().item()
                 assert worst <= 0, f"{c.short()} {prob.label()}: differs with {other} beyond the sum order's noise"
     c = MM.config(**knobs, m=m)
