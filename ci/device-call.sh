@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# One device call that stays inside the run tool's 600 s and keeps what it finished: the machine check
+# first (a bad machine stops the call at once, exit 3), then the steps asked for, each started only while
+# the call's deadline leaves it time. Session 17 (the first H200 screen of mma-rows' span 2, stream-K and
+# prefetch 2). Everything lands in $OUT; screens in $OUT/screens.tar.gz (the device returns at most 8 files).
+# Usage: [DEADLINE=560] [STEPS='tests screens table mmbench decode'] [PROBLEMS='28672x8192:1 ...']
+#        [PRIOR='dir ...'] bash ci/device-call.sh
+#   tests    every GPU test, 8 workers
+#   screens  per problem, ci/explore-rows.sh's span-2 sweep (WARPS, UNROLLS, KSPLITS, PREFETCHES, PERSISTS as
+#            in ci/span-screens.sh) with the served kernel beside; skipped once the deadline is near
+#   table    serving entries from this call's screens and those under PRIOR (earlier calls' unpacked
+#            screens.tar.gz), merged into tuner/serve/tuned_configs.json here (bring it back: table.json)
+#   mmbench  the runtime as served against bnb (ci/gpu-session.sh mmbench)
+#   decode   the Llama-3-8B-shaped decode (ci/gpu-session.sh decode)
+set -uo pipefail
+OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD/.devsite:$PWD PYTHONUNBUFFERED=1 NF4TUNE_CACHE=${NF4TUNE_CACHE:-$PWD/build/nf4cache}
+t0=$SECONDS; DEADLINE=${DEADLINE:-560}
+left() { echo $(( DEADLINE - (SECONDS - t0) )); }
+want() { case " ${STEPS:-tests screens} " in *" $1 "*) return 0;; esac; return 1; }
+log="$OUT/call.txt"
+say() { echo "[$(( SECONDS - t0 ))s] $*" | tee -a "$log"; }
+
+nvidia-smi --query-gpu=name,driver_version,pci.bus_id,clocks.sm,clocks.mem,temperature.gpu --format=csv 2>&1 | tee -a "$log"
+if ! python3 ci/machine_check.py > "$OUT/machine-check.txt" 2>&1; then
+  tail -15 "$OUT/machine-check.txt"; say "machine check FAILED: stopping this call"; exit 3
+fi
+say "machine check clean: $(tail -1 "$OUT/machine-check.txt")"
+
+if want tests; then
+  timeout $(( $(left) - 30 )) python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 tests > "$OUT/gpu-tests.txt" 2>&1
+  say "GPU tests exit $?: $(tail -1 "$OUT/gpu-tests.txt")"
+  grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.txt" | head -20 | tee -a "$log"
+fi
+
+screens=$OUT/screens; mkdir -p "$screens"
+if want screens; then
+  for p in ${PROBLEMS:-28672x8192:1 14336x4096:1}; do
+    shape=${p%%:*} m=${p##*:}
+    mt=8; [ "$m" -gt 4 ] && mt=16
+    persists=${PERSISTS:-0,1}; [ "$mt" -eq 16 ] && persists=0      # stream-K takes mtile 8 only
+    need=${SCREEN_NEED:-75}
+    if [ "$(left)" -lt "$need" ]; then say "skipped $p: $(left) s left"; continue; fi
+    given=$(python3 ci/served_config.py "$shape" "$m") || { say "no served config for $p"; continue; }
+    say "screen $p (served: ${given:-bnb})"
+    OUT=$screens GIVEN="$given" NAME=span SPANS=2 LOADS=16 LUTS=pairx MTILES=$mt WARPS=${WARPS:-8,16} \
+      UNROLLS=${UNROLLS:-2} KSPLITS=${KSPLITS:-1,2,4} PQS=0 PREFETCHES=${PREFETCHES:-1,2} PERSISTS=$persists \
+      M=$m STAGE_TIMEOUT=$(( $(left) - 10 < 150 ? $(left) - 10 : 150 )) TABLES= \
+      bash ci/explore-rows.sh "$shape" 2>&1 | grep -E "^(exhaustive|given)" | cut -c1-220 | tee -a "$log"
+  done
+  tar -czf "$OUT/screens.tar.gz" -C "$screens" .
+fi
+
+if want table; then
+  jsons=$(ls "$screens"/span-m*-*.json 2>/dev/null; for d in ${PRIOR:-}; do ls "$d"/span-m*-*.json 2>/dev/null; done)
+  if [ -n "$jsons" ]; then
+    python3 ci/table_from_screens.py $jsons -o "$OUT/table-new.json" | tee -a "$log"
+    python3 ci/merge_table.py tuner/serve/tuned_configs.json "$OUT/table-new.json" -o "$OUT/table.json" | tee -a "$log" \
+      && cp "$OUT/table.json" tuner/serve/tuned_configs.json && say "served table merged"
+  else
+    say "table: no screens"
+  fi
+fi
+if want mmbench; then
+  if [ "$(left)" -gt 120 ]; then
+    timeout $(( $(left) - 5 )) bash ci/gpu-session.sh mmbench > /dev/null 2>&1; say "mmbench exit $?"
+    tail -40 "$OUT/mmbench.txt" 2>/dev/null | tee -a "$log" > /dev/null
+  else say "skipped mmbench: $(left) s left"; fi
+fi
+if want decode; then
+  if [ "$(left)" -gt 90 ]; then
+    timeout $(( $(left) - 5 )) bash ci/gpu-session.sh decode > /dev/null 2>&1; say "decode exit $?"
+    tail -12 "$OUT/decode.txt" 2>/dev/null
+  else say "skipped decode: $(left) s left"; fi
+fi
+rm -rf "$screens"
+say "done"
