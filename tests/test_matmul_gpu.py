@@ -491,14 +491,17 @@ def test_runtime_and_patch_serve_only_where_faster(seed, tmp_path):
         table.use_configs(None)
 
 
-def test_cuda_graph_capture_and_torch_compile(seed, tmp_path):
+@pytest.mark.parametrize("index", [1, STREAM_K_CONFIGS[0]])
+def test_cuda_graph_capture_and_torch_compile(seed, tmp_path, index):
+    """Served under a CUDA graph and torch.compile: split-K (the workspace fix-up in a graph) and stream-K
+    (tiles cut between CTAs: the workspace and the tiles' counters put back to zero for the next replay)."""
     from tuner import serve
     from tuner.serve import table
 
     gpu = torch.cuda.get_device_name(0)
     torch.manual_seed(seed)
     layer = bnb.nn.Linear4bit(4096, 4096, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4").cuda()
-    split = MM.config(**CONFIGS[1][1], m=1)                  # split-K: the workspace fix-up in a graph
+    split = MM.config(**CONFIGS[index][1], m=1)
     try:
         _table_with(tmp_path, [_entry(gpu, 4096, 4096, 1, split, 3.0)])
         x = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
