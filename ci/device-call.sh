@@ -5,7 +5,7 @@
 # prefetch 2). Everything lands in $OUT; screens in $OUT/screens.tar.gz (the device returns at most 8 files).
 # Usage: [DEADLINE=560] [STEPS='tests screens table mmbench decode'] [PROBLEMS='28672x8192:1 ...']
 #        [PRIOR='dir ...'] bash ci/device-call.sh
-#   tests    every GPU test, 8 workers (TEST_ARGS: other pytest arguments than `tests`, e.g. a -k selection)
+#   tests    every GPU test, 8 workers (TEST_FILES: files instead of tests/, TEST_K: a -k selection)
 #   screens  per problem, ci/explore-rows.sh's span-2 sweep (WARPS, UNROLLS, KSPLITS, PREFETCHES, PERSISTS as
 #            in ci/span-screens.sh) with the served kernel beside; skipped once the deadline is near
 #   table    serving entries from this call's screens and those under PRIOR (earlier calls' unpacked
@@ -28,7 +28,7 @@ fi
 say "machine check clean: $(tail -1 "$OUT/machine-check.txt")"
 
 if want tests; then
-  timeout $(( $(left) - 30 )) python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 ${TEST_ARGS:-tests} > "$OUT/gpu-tests.txt" 2>&1
+  timeout $(( $(left) - 30 )) python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 ${TEST_K:+-k "$TEST_K"} ${TEST_FILES:-tests} > "$OUT/gpu-tests.txt" 2>&1
   say "GPU tests exit $?: $(tail -1 "$OUT/gpu-tests.txt")"
   grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.txt" | head -20 | tee -a "$log"
 fi
