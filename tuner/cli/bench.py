@@ -52,7 +52,8 @@ def add_parser(sub):
                         "(default: the runtime's own order: $NF4TUNE_CONFIGS, $NF4TUNE_DB, the packaged table)")
     p.add_argument("--decode", action="store_true",
                    help="matmul family: tokens/s of a Llama-3-8B-shaped model (random weights) decoding with a static "
-                        "KV cache under CUDA graphs, in bf16, with bnb's 4-bit kernels and patched; not stored")
+                        "KV cache under CUDA graphs, in bf16, with bnb's 4-bit kernels, patched, and with every 4-bit "
+                        "linear free (no kernel: the most any 4-bit matmul can speed the decode up); not stored")
     p.add_argument("--batch", action="append", type=positive_int, default=None,
                    help="with --decode: batch sizes (default 1 and 8)")
     p.add_argument("--layers", type=positive_int, default=32, help="with --decode: decoder layers (default 32)")

@@ -7,17 +7,23 @@ bnb's own kernels, and quantized with nf4-tune's patch (the tuned matmul where i
 Each way captures one decode step (batch B, one token) in a CUDA graph after warm-up and times
 the replays with CUDA events; the outputs of the patched and unpatched quantized models are
 compared on the same step (their logits agree within bnb's own error).
+
+A fourth way bounds what any 4-bit matmul can give: ``no-4bit`` replays the quantized model with
+every ``Linear4bit`` returning a ready zero tensor (no kernel at all), so its step is the rest of the
+model (attention, norms, the bf16 lm_head, the KV cache). bnb's step over that step is the most any
+kernel for the quantized linears can speed the decode up (Amdahl); ``format_decode`` prints it.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-__all__ = ["LLAMA3_8B", "build_model", "quantize_linears", "DecodeResult", "decode_step_times", "decode_benchmark",
-           "format_decode"]
+__all__ = ["LLAMA3_8B", "build_model", "quantize_linears", "free_4bit_linears", "DecodeResult", "decode_step_times",
+           "decode_benchmark", "format_decode"]
 
 #: Llama-3-8B's shape (config.json of meta-llama/Meta-Llama-3-8B)
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
@@ -70,6 +76,32 @@ def quantize_linears(model, blocksize: int = 64, quant_type: str = "nf4") -> int
                 del child, w
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return count
+
+
+@contextmanager
+def free_4bit_linears():
+    """Every bnb ``Linear4bit`` returns a zero tensor of its output's shape, made once per shape and
+    dtype and shared (no kernel runs for it): the decode step without its 4-bit matmuls, a bound,
+    never a result. Nothing may write into those tensors in place; a decoder's layers do not."""
+    import torch
+    import bitsandbytes as bnb
+
+    zeros = {}
+    cls = bnb.nn.Linear4bit
+    forward = cls.forward
+
+    def free(self, x):
+        key = (*x.shape[:-1], self.out_features, x.dtype, x.device)
+        y = zeros.get(key)
+        if y is None:
+            y = zeros[key] = torch.zeros(*x.shape[:-1], self.out_features, dtype=x.dtype, device=x.device)
+        return y
+
+    cls.forward = free
+    try:
+        yield
+    finally:
+        cls.forward = forward
 
 
 @dataclass
@@ -203,6 +235,11 @@ def decode_benchmark(batches=(1, 8), layers: int = 32, table: Optional[str] = No
         diff = (ours_first.float() - bnb_first.float()).abs()
         agreement[b] = dict(max_abs_logit_diff=float(diff.max()), mean_abs_logit_diff=float(diff.mean()),
                             same_argmax=float((ours_first.argmax(-1) == bnb_first.argmax(-1)).float().mean()))
+        with free_4bit_linears():
+            times, mode, _ = decode_step_times(model, b, prompt_len, steps, reps)
+        m = statistics.median(times)
+        results.append(DecodeResult("no-4bit", b, m, _iqr(times), b * 1000.0 / m, mode, samples_ms=times))
+        say(f"no-4bit batch {b} (every Linear4bit free: a bound): {m:.3f} ms/step")
     del model
     torch.cuda.empty_cache()
     return dict(layers=layers, prompt_len=prompt_len, results=[asdict(r) for r in results], agreement=agreement,
@@ -218,6 +255,16 @@ def format_decode(d: dict) -> str:
         xf = by[("bf16", b)]["step_ms"] / r["step_ms"] if ("bf16", b) in by else float("nan")
         lines.append(f"{b:>5} {variant:<8} {r['step_ms']:>9.3f} {r['step_ms_iqr']:>7.3f} {r['tokens_per_s']:>9.1f} "
                      f"{xb:>6.2f} {xf:>6.2f}  {r['mode']}")
+    for b in sorted({b for _, b in by}):
+        if ("bnb", b) in by and ("no-4bit", b) in by:
+            rest, bnb_ms = by[("no-4bit", b)]["step_ms"], by[("bnb", b)]["step_ms"]
+            line = (f"batch {b}: the step without its 4-bit matmuls takes {rest:.3f} ms, so no kernel for them can "
+                    f"make the decode more than {bnb_ms / rest:.2f}x bnb")
+            if ("patched", b) in by:
+                ours = by[("patched", b)]["step_ms"] - rest
+                line += (f"; their time: bnb {bnb_ms - rest:.3f} ms, patched {ours:.3f} ms "
+                         f"({(bnb_ms - rest) / ours:.2f}x)" if ours > 0 else "")
+            lines.append(line)
     for b, a in d["agreement"].items():
         lines.append(f"batch {b}: patched vs bnb logits: max |diff| {a['max_abs_logit_diff']:.4g}, "
                      f"mean {a['mean_abs_logit_diff']:.3g}, same argmax {100 * a['same_argmax']:.1f}%")
