@@ -6,7 +6,8 @@
 # Usage: [DEADLINE=560] [STEPS='tests screens table mmbench decode'] [PROBLEMS='28672x8192:1 ...']
 #        [PRIOR='dir ...'] bash ci/device-call.sh
 #   tests    every GPU test, 8 workers (TEST_FILES: files instead of tests/, TEST_K: a -k selection)
-#   screens  per problem, ci/explore-rows.sh's span-2 sweep (WARPS, UNROLLS, KSPLITS, PREFETCHES, PERSISTS as
+#   screens  (SCREEN_NEED: the seconds a screen must have left to start, default 75, more to keep time for later steps)
+#            per problem, ci/explore-rows.sh's span-2 sweep (WARPS, UNROLLS, KSPLITS, PREFETCHES, PERSISTS as
 #            in ci/span-screens.sh) with the served kernel beside; skipped once the deadline is near
 #   table    serving entries from this call's screens and those under PRIOR (earlier calls' unpacked
 #            screens.tar.gz), merged into tuner/serve/tuned_configs.json here (bring it back: table.json)
