@@ -3,12 +3,13 @@
 # first (a bad machine stops the call at once, exit 3), then the steps asked for, each started only while
 # the call's deadline leaves it time. Session 17 (the first H200 screen of mma-rows' span 2, stream-K and
 # prefetch 2). Everything lands in $OUT; screens in $OUT/screens.tar.gz (the device returns at most 8 files).
-# Usage: [DEADLINE=560] [STEPS='tests screens table mmbench decode'] [PROBLEMS='28672x8192:1 ...']
+# Usage: [DEADLINE=560] [STEPS='tests screens sweep table mmbench decode'] [PROBLEMS='28672x8192:1 ...']
 #        [PRIOR='dir ...'] bash ci/device-call.sh
 #   tests    every GPU test, 8 workers (TEST_FILES: files instead of tests/, TEST_K: a -k selection)
 #   screens  (SCREEN_NEED: the seconds a screen must have left to start, default 75, more to keep time for later steps)
 #            per problem, ci/explore-rows.sh's span-2 sweep (WARPS, UNROLLS, KSPLITS, PREFETCHES, PERSISTS as
 #            in ci/span-screens.sh) with the served kernel beside; skipped once the deadline is near
+#   sweep    any part of the space: SWEEP='knob=v1,v2 ...' (no m) screened at each of SWEEP_PROBLEMS (NxK:M)
 #   table    serving entries from this call's screens and those under PRIOR (earlier calls' unpacked
 #            screens.tar.gz), merged into tuner/serve/tuned_configs.json here (bring it back: table.json)
 #   mmbench  the runtime as served against bnb (ci/gpu-session.sh mmbench)
@@ -49,11 +50,23 @@ if want screens; then
       M=$m STAGE_TIMEOUT=$(( $(left) - 10 < 150 ? $(left) - 10 : 150 )) TABLES= \
       bash ci/explore-rows.sh "$shape" 2>&1 | grep -E "^(exhaustive|given)" | cut -c1-220 | tee -a "$log"
   done
-  tar -czf "$OUT/screens.tar.gz" -C "$screens" .
 fi
+if want sweep; then
+  # any part of the space (SWEEP: knob=v1,v2 ..., without m) at SWEEP_PROBLEMS (NxK:M), the served kernel beside
+  for p in ${SWEEP_PROBLEMS:-}; do
+    shape=${p%%:*} m=${p##*:}
+    if [ "$(left)" -lt "${SCREEN_NEED:-75}" ]; then say "skipped sweep $p: $(left) s left"; continue; fi
+    given=$(python3 ci/served_config.py "$shape" "$m") || { say "no served config for $p"; continue; }
+    say "sweep $p (served: ${given:-bnb})"
+    OUT=$screens GIVEN="$given" NAME=sweep-m$m M=$m SWEEP="${SWEEP:?SWEEP is required by the sweep step} m=$m" \
+      STAGE_TIMEOUT=$(( $(left) - 10 < 150 ? $(left) - 10 : 150 )) TABLES= \
+      bash ci/explore-screen.sh "$shape" 2>&1 | grep -E "^(exhaustive|given)" | cut -c1-220 | tee -a "$log"
+  done
+fi
+if want screens || want sweep; then tar -czf "$OUT/screens.tar.gz" -C "$screens" .; fi
 
 if want table; then
-  jsons=$(ls "$screens"/span-m*-*.json 2>/dev/null; for d in ${PRIOR:-}; do ls "$d"/span-m*-*.json 2>/dev/null; done)
+  jsons=$(ls "$screens"/*-m*-*.json 2>/dev/null; for d in ${PRIOR:-}; do ls "$d"/*-m*-*.json 2>/dev/null; done)
   if [ -n "$jsons" ]; then
     python3 ci/table_from_screens.py $jsons -o "$OUT/table-new.json" | tee -a "$log"
     python3 ci/merge_table.py tuner/serve/tuned_configs.json "$OUT/table-new.json" -o "$OUT/table.json" | tee -a "$log" \
