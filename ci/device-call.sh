@@ -3,7 +3,7 @@
 # first (a bad machine stops the call at once, exit 3), then the steps asked for, each started only while
 # the call's deadline leaves it time. Session 17 (the first H200 screen of mma-rows' span 2, stream-K and
 # prefetch 2). Everything lands in $OUT; screens in $OUT/screens.tar.gz (the device returns at most 8 files).
-# Usage: [DEADLINE=560] [STEPS='tests screens sweep table mmbench decode'] [PROBLEMS='28672x8192:1 ...']
+# Usage: [DEADLINE=560] [STEPS='tests screens sweep table readfloor mmbench decode'] [PROBLEMS='28672x8192:1 ...']
 #        [PRIOR='dir ...'] bash ci/device-call.sh
 #   tests    every GPU test, 8 workers (TEST_FILES: files instead of tests/, TEST_K: a -k selection)
 #   screens  (SCREEN_NEED: the seconds a screen must have left to start, default 75, more to keep time for later steps)
@@ -12,6 +12,7 @@
 #   sweep    any part of the space: SWEEP='knob=v1,v2 ...' (no m) screened at each of SWEEP_PROBLEMS (NxK:M)
 #   table    serving entries from this call's screens and those under PRIOR (earlier calls' unpacked
 #            screens.tar.gz), merged into tuner/serve/tuned_configs.json here (bring it back: table.json)
+#   readfloor a read-only reduction of each target's bytes, torch.sum and 32 Triton reads (ci/read_floor.py --tuned)
 #   mmbench  the runtime as served against bnb (ci/gpu-session.sh mmbench)
 #   decode   the Llama-3-8B-shaped decode (ci/gpu-session.sh decode)
 set -uo pipefail
@@ -68,8 +69,9 @@ if want screens || want sweep; then tar -czf "$OUT/screens.tar.gz" -C "$screens"
 if want table; then
   jsons=$(ls "$screens"/*-m*-*.json 2>/dev/null; for d in ${PRIOR:-}; do ls "$d"/*-m*-*.json 2>/dev/null; done)
   if [ -n "$jsons" ]; then
-    python3 ci/table_from_screens.py $jsons -o "$OUT/table-new.json" | tee -a "$log"
-    python3 ci/merge_table.py tuner/serve/tuned_configs.json "$OUT/table-new.json" -o "$OUT/table.json" | tee -a "$log" \
+    new=$(mktemp --suffix .json)       # its entries are printed into call.txt
+    python3 ci/table_from_screens.py $jsons -o "$new" | tee -a "$log"
+    python3 ci/merge_table.py tuner/serve/tuned_configs.json "$new" -o "$OUT/table.json" | tee -a "$log" \
       && cp "$OUT/table.json" tuner/serve/tuned_configs.json && say "served table merged"
   else
     say "table: no screens"
@@ -86,6 +88,12 @@ if want decode; then
     timeout $(( $(left) - 5 )) bash ci/gpu-session.sh decode > /dev/null 2>&1; say "decode exit $?"
     tail -12 "$OUT/decode.txt" 2>/dev/null
   else say "skipped decode: $(left) s left"; fi
+fi
+if want readfloor; then
+  if [ "$(left)" -gt 100 ]; then
+    timeout $(( $(left) - 5 )) bash ci/gpu-session.sh readfloor > /dev/null 2>&1; say "readfloor exit $?"
+    tail -9 "$OUT/readfloor.txt" 2>/dev/null | tee -a "$log"
+  else say "skipped readfloor: $(left) s left"; fi
 fi
 rm -rf "$screens"
 say "done"
