@@ -155,3 +155,20 @@ def test_served_config_prints_what_the_runtime_serves_or_nothing_where_bnb_does(
         assert got.returncode == 0 and got.stdout == "", (args, got.stdout)
     bad = run("8192x8192", "1", "--gpu", "GPU X", "--table", str(tmp_path / "missing.json"))
     assert bad.returncode == 1 and "cannot read the config table" in bad.stderr
+
+
+def test_device_call_stops_at_a_failed_machine_check(tmp_path):
+    """ci/device-call.sh runs nothing after a machine check that fails (here: no GPU) and says so, exit 3."""
+    import os
+    import shutil
+
+    if not shutil.which("bash"):
+        import pytest
+
+        pytest.skip("no bash")
+    env = dict(os.environ, OUT=str(tmp_path), STEPS="tests screens table decode", CUDA_VISIBLE_DEVICES="")
+    r = subprocess.run(["bash", str(CI / "device-call.sh")], cwd=CI.parent, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "machine check FAILED" in (tmp_path / "call.txt").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["call.txt", "machine-check.txt"]
