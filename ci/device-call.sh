@@ -8,8 +8,7 @@
 #   tests    every GPU test, 8 workers (TEST_FILES: files instead of tests/, TEST_K: a -k selection)
 #   screens  (SCREEN_NEED: the seconds a screen must have left to start, default 75, more to keep time for later steps)
 #            per problem, ci/explore-rows.sh's span-2 sweep (WARPS, UNROLLS, KSPLITS, PREFETCHES, PERSISTS as
-#            in ci/span-screens.sh; mtile 8 up to M = 4, MTILES_M8 above, default 16) with the served kernel
-#            beside; skipped once the deadline is near
+#            in ci/span-screens.sh) with the served kernel beside; skipped once the deadline is near
 #   sweep    any part of the space: SWEEP='knob=v1,v2 ...' (no m) screened at each of SWEEP_PROBLEMS (NxK:M)
 #   table    serving entries from this call's screens and those under PRIOR (earlier calls' unpacked
 #            screens.tar.gz), merged into tuner/serve/tuned_configs.json here (bring it back: table.json)
@@ -41,8 +40,8 @@ screens=$OUT/screens; mkdir -p "$screens"
 if want screens; then
   for p in ${PROBLEMS:-28672x8192:1 14336x4096:1}; do
     shape=${p%%:*} m=${p##*:}
-    mt=8; [ "$m" -gt 4 ] && mt=${MTILES_M8:-16}          # MTILES_M8=8,16: also W read by two batch tiles
-    persists=${PERSISTS:-0,1}; [ "$mt" = 16 ] && persists=0        # stream-K takes mtile 8 only
+    mt=8; [ "$m" -gt 4 ] && mt=16
+    persists=${PERSISTS:-0,1}; [ "$mt" -eq 16 ] && persists=0      # stream-K takes mtile 8 only
     need=${SCREEN_NEED:-75}
     if [ "$(left)" -lt "$need" ]; then say "skipped $p: $(left) s left"; continue; fi
     given=$(python3 ci/served_config.py "$shape" "$m") || { say "no served config for $p"; continue; }

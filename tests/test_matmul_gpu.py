@@ -183,12 +183,6 @@ CONFIGS = [
              lut="pair", astage="shared", unroll=4, persist=1)),
     (4, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=4, ksplit=1, scale="block",
              lut="prmt", astage="shared", unroll=1, prefetch=1, span=2, persist=1, wload="plain")),
-    # ... W read by two batch tiles (session 17): span 2's 4 batch rows per CTA at batch 8 with split-K, and the
-    # 16-row batch tile's 8 at batch 16
-    (8, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=8, ksplit=2, scale="block",
-             lut="pairx", astage="shared", unroll=2, prefetch=1, span=2)),
-    (16, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=16, warps=8, ksplit=1, scale="block",
-              lut="pairx", astage="shared", unroll=2, prefetch=1, span=2)),
 ]
 #: the stream-K configs
 STREAM_K_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("mma") == "mma-rows" and k.get("persist")]
