@@ -37,6 +37,9 @@ def merge(base: dict, new: dict) -> tuple:
         else:
             entries.append(e)
     entries.extend(fresh.values())
+    # one form for every config (keys sorted, as `nf4-tune export` writes them), so a merge's diff shows only
+    # the entries it changed
+    entries = [dict(e, config=dict(sorted(e["config"].items()))) for e in entries]
     return dict(base, entries=entries), replaced, len(fresh)
 
 

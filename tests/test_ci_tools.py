@@ -49,7 +49,8 @@ def test_merge_table_replaces_the_same_problem_and_keeps_the_rest(tmp_path):
     mt = _module("merge_table")
     base = dict(format=2, entries=[_entry((8192, 8192), 1, 25.0, lut="pair"), _entry((8192, 8192), 8, 27.0),
                                    _entry((8192, 8192), None, 44.0, family="dequant")])
-    new = dict(format=2, entries=[_entry((8192, 8192), 1, 22.0, lut="pairx"), _entry((1024, 4096), 1, 9.0)])
+    new = dict(format=2, entries=[_entry((8192, 8192), 1, 22.0, lut="pairx"),
+                                  _entry((1024, 4096), 1, 9.0, warps=8, lut="pair")])     # keys out of order
     merged, replaced, added = mt.merge(base, new)
     assert (replaced, added) == (1, 1)
     assert [(e["family"], e["m"], e["median_us"]) for e in merged["entries"]] == [
@@ -61,6 +62,7 @@ def test_merge_table_replaces_the_same_problem_and_keeps_the_rest(tmp_path):
                          capture_output=True, text=True)
     assert run.returncode == 0 and "1 entries replaced, 1 added, 4 in all" in run.stdout
     assert json.loads(out.read_text()) == merged
+    assert all(list(e["config"]) == sorted(e["config"]) for e in merged["entries"])      # one key order
     # another table format is refused, and nothing is written
     n.write_text(json.dumps(dict(new, format=3)))
     out2 = tmp_path / "out2.json"
