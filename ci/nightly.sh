@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The nightly regression job: `nf4-tune regress` on the visible GPU against the tuning database,
-# then the HTML report, and regress's exit code passed on (0 clean, 1 a confirmed regression or a
-# broken kernel, 2 cannot run). A report that cannot be written fails a clean night (exit 1).
+# The nightly regression job: first the machine check (ci/machine_check.py: bnb's dequantize against
+# the runtime's, bit for bit, and a torch matmul twice; a faulty GPU would otherwise be reported as
+# broken kernels), then `nf4-tune regress` on the visible GPU against the tuning database, then the
+# HTML report, and regress's exit code passed on (0 clean, 1 a confirmed regression or a broken
+# kernel, 2 cannot run: also a machine that fails its check, with nothing judged or written).
+# A report that cannot be written fails a clean night (exit 1).
 #
 # Usage: ci/nightly.sh [DB] [REPORT_DIR]
 #   DB          database URL or SQLite path (default: $NF4TUNE_DB, else ./nf4tune.db)
@@ -10,11 +13,18 @@
 #   NF4TUNE_CMD          how to call the CLI (default: nf4-tune; e.g. "python3 -m tuner.cli")
 #   NF4TUNE_SKIP_REPORT  1: do not build the report here (a GPU machine without plotly: build it
 #                        elsewhere from the database with `nf4-tune report`)
+#   NF4TUNE_PYTHON       the Python that runs the machine check (default: python3)
 set -uo pipefail
 DB=${1:-${NF4TUNE_DB:-nf4tune.db}}
 REPORT=${2:-${NF4TUNE_REPORT_DIR:-nightly-report}}
 read -r -a NF4 <<< "${NF4TUNE_CMD:-nf4-tune}"
 
+echo "nightly: $(date -u +%FT%TZ) machine check"
+if ! check=$("${NF4TUNE_PYTHON:-python3}" "$(dirname "$0")/machine_check.py" 2>&1); then
+  echo "$check" | tail -8
+  echo "nightly: this GPU machine failed its check (ci/machine_check.py): nothing judged, nothing written (exit 2)"
+  exit 2
+fi
 echo "nightly: $(date -u +%FT%TZ) regress against $DB"
 "${NF4[@]}" regress --db "$DB"
 rc=$?

@@ -174,3 +174,18 @@ def test_device_call_stops_at_a_failed_machine_check(tmp_path):
     assert r.returncode == 3, r.stdout + r.stderr
     assert "machine check FAILED" in (tmp_path / "call.txt").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["call.txt", "machine-check.txt"]
+
+
+def test_nightly_stops_at_a_failed_machine_check(tmp_path):
+    """ci/nightly.sh judges nothing on a machine that fails ci/machine_check.py (here: no GPU): exit 2, a
+    message, and neither the database nor the report written."""
+    import os
+
+    db, report = tmp_path / "night.db", tmp_path / "report"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", NF4TUNE_PYTHON=sys.executable,
+               NF4TUNE_CMD=f"{sys.executable} -m tuner.cli", PYTHONPATH=str(CI.parent))
+    r = subprocess.run(["bash", str(CI / "nightly.sh"), str(db), str(report)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "failed its check" in r.stdout and "nothing judged" in r.stdout
+    assert not db.exists() and not report.exists()
