@@ -7,7 +7,7 @@
 #        [PRIOR='dir ...'] bash ci/device-call.sh
 #   tests    every GPU test, 8 workers (TEST_FILES: files instead of tests/, TEST_K: a -k selection)
 #   screens  (SCREEN_NEED: the seconds a screen must have left to start, default 75, more to keep time for later steps)
-#            per problem, ci/explore-rows.sh's span-2 sweep (WARPS, UNROLLS, KSPLITS, PREFETCHES, PERSISTS as
+#            per problem, ci/explore-rows.sh's span-2 sweep (WARPS, UNROLLS, KSPLITS, PREFETCHES, PERSISTS, PQS as
 #            in ci/span-screens.sh) with the served kernel beside; skipped once the deadline is near
 #   sweep    any part of the space: SWEEP='knob=v1,v2 ...' (no m) screened at each of SWEEP_PROBLEMS (NxK:M)
 #   table    serving entries from this call's screens and those under PRIOR (earlier calls' unpacked
@@ -47,7 +47,7 @@ if want screens; then
     given=$(python3 ci/served_config.py "$shape" "$m") || { say "no served config for $p"; continue; }
     say "screen $p (served: ${given:-bnb})"
     OUT=$screens GIVEN="$given" NAME=span SPANS=2 LOADS=16 LUTS=pairx MTILES=$mt WARPS=${WARPS:-8,16} \
-      UNROLLS=${UNROLLS:-2} KSPLITS=${KSPLITS:-1,2,4} PQS=0 PREFETCHES=${PREFETCHES:-1,2} PERSISTS=$persists \
+      UNROLLS=${UNROLLS:-2} KSPLITS=${KSPLITS:-1,2,4} PQS=${PQS:-0} PREFETCHES=${PREFETCHES:-1,2} PERSISTS=$persists \
       M=$m STAGE_TIMEOUT=$(( $(left) - 10 < 150 ? $(left) - 10 : 150 )) TABLES= \
       bash ci/explore-rows.sh "$shape" 2>&1 | grep -E "^(exhaustive|given)" | cut -c1-220 | tee -a "$log"
   done
