@@ -6,7 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 bnb = pytest.importorskip("bitsandbytes")
 
-from tuner.serve.decode import format_decode, free_4bit_linears  # noqa: E402
+from tuner.serve.decode import format_decode, free_4bit_linears, linear4bit_bytes, quantize_linears  # noqa: E402
 
 
 def test_free_4bit_linears_return_shared_zeros_and_put_the_forward_back():
@@ -25,6 +25,22 @@ def test_free_4bit_linears_return_shared_zeros_and_put_the_forward_back():
     assert bnb.nn.Linear4bit.forward is forward
 
 
+def test_linear4bit_bytes_count_what_a_step_reads_of_the_quantized_layers():
+    """Packed weights, absmax bytes, the nested level's absmax and code, biases: of the decoder layers'
+    Linear4bit only (quantize_linears leaves anything outside model.model.layers alone)."""
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    layer = torch.nn.Module()
+    layer.proj = torch.nn.Linear(256, 128, bias=False, dtype=torch.bfloat16)
+    layer.up = torch.nn.Linear(256, 64, bias=True, dtype=torch.bfloat16)
+    model.model.layers = torch.nn.ModuleList([layer])
+    model.lm_head = torch.nn.Linear(256, 1000, bias=False, dtype=torch.bfloat16)
+    assert quantize_linears(model) == 2
+    # proj: 128x256/2 packed, 512 absmax bytes, 2 fp32 second-level absmax, 256 fp32 code;
+    # up: 64x256/2 packed, 256 absmax bytes, 1 fp32 second-level absmax, the code, 64 bf16 bias
+    assert linear4bit_bytes(model) == (16384 + 512 + 8 + 1024) + (8192 + 256 + 4 + 1024 + 128)
+
+
 def _result(variant, batch, ms):
     return dict(variant=variant, batch=batch, step_ms=ms, step_ms_iqr=0.01, tokens_per_s=batch * 1000 / ms,
                 mode="cuda graph", matmul_calls=None, samples_ms=[ms])
@@ -41,3 +57,6 @@ def test_format_decode_prints_the_bound_and_the_matmuls_share():
     assert "batch 8: the step without" not in text            # no bound measured at batch 8
     row = next(line for line in text.splitlines() if " no-4bit " in line)
     assert row.split()[:3] == ["1", "no-4bit", "2.500"]
+    assert "read ceiling" not in text                            # no bytes or ceiling given: no floor printed
+    text = format_decode(dict(d, linear4bit_bytes=3.6e9, read_ceiling_gbps=4000.0))
+    assert "their 3.60 GB at the read ceiling (4000 GB/s) take 0.900 ms, so at most 2.21x bnb" in text

@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-__all__ = ["LLAMA3_8B", "build_model", "quantize_linears", "free_4bit_linears", "DecodeResult", "decode_step_times",
-           "decode_benchmark", "format_decode"]
+__all__ = ["LLAMA3_8B", "build_model", "quantize_linears", "linear4bit_bytes", "read_ceiling_gbps", "free_4bit_linears",
+           "DecodeResult", "decode_step_times", "decode_benchmark", "format_decode"]
 
 #: Llama-3-8B's shape (config.json of meta-llama/Meta-Llama-3-8B)
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
@@ -76,6 +76,40 @@ def quantize_linears(model, blocksize: int = 64, quant_type: str = "nf4") -> int
                 del child, w
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return count
+
+
+def linear4bit_bytes(model) -> int:
+    """The bytes a decode step must read for the model's ``Linear4bit`` layers: packed weights, the
+    absmax (and, nested, its second-level absmax and code) and the biases."""
+    import bitsandbytes as bnb
+
+    total = 0
+    for mod in model.modules():
+        if not isinstance(mod, bnb.nn.Linear4bit):
+            continue
+        w, qs = mod.weight, mod.weight.quant_state
+        total += w.numel() * w.element_size() + qs.absmax.numel() * qs.absmax.element_size()
+        if qs.state2 is not None:
+            total += qs.state2.absmax.numel() * qs.state2.absmax.element_size()
+            total += qs.state2.code.numel() * qs.state2.code.element_size()
+        if mod.bias is not None:
+            total += mod.bias.numel() * mod.bias.element_size()
+    return total
+
+
+def read_ceiling_gbps(device=None) -> float:
+    """GB/s of a read-only reduction of 512 MiB (the matmul family's ceiling), median of the one timing
+    harness's repetitions."""
+    import torch
+
+    from ..families.matmul import READ_BYTES
+    from ..measure.timing import measure_interleaved
+
+    buf = torch.ones(READ_BYTES // 4, dtype=torch.float32, device=device or "cuda")
+    sink = torch.empty((), dtype=torch.float32, device=buf.device)
+    us = measure_interleaved({"read": lambda: torch.sum(buf, dim=0, out=sink)}, time_cap_s=1.0)["read"].median
+    del buf
+    return READ_BYTES / us / 1e3
 
 
 @contextmanager
@@ -218,7 +252,10 @@ def decode_benchmark(batches=(1, 8), layers: int = 32, table: Optional[str] = No
         results.append(DecodeResult("bf16", b, m, _iqr(times), b * 1000.0 / m, mode, samples_ms=times))
         say(f"bf16 batch {b}: {m:.3f} ms/step")
     n = quantize_linears(model)
-    say(f"quantized {n} linear layers (nf4, nested, blocksize 64; lm_head bf16)")
+    w4 = linear4bit_bytes(model)
+    ceiling = read_ceiling_gbps()
+    say(f"quantized {n} linear layers (nf4, nested, blocksize 64; lm_head bf16): {w4 / 1e9:.3f} GB; "
+        f"read ceiling {ceiling:.0f} GB/s")
     agreement = {}
     for b in batches:
         times, mode, bnb_first = decode_step_times(model, b, prompt_len, steps, reps)
@@ -243,7 +280,7 @@ def decode_benchmark(batches=(1, 8), layers: int = 32, table: Optional[str] = No
     del model
     torch.cuda.empty_cache()
     return dict(layers=layers, prompt_len=prompt_len, results=[asdict(r) for r in results], agreement=agreement,
-                table=table)
+                table=table, linear4bit_bytes=w4, read_ceiling_gbps=ceiling)
 
 
 def format_decode(d: dict) -> str:
@@ -264,6 +301,11 @@ def format_decode(d: dict) -> str:
                 ours = by[("patched", b)]["step_ms"] - rest
                 line += (f"; their time: bnb {bnb_ms - rest:.3f} ms, patched {ours:.3f} ms "
                          f"({(bnb_ms - rest) / ours:.2f}x)" if ours > 0 else "")
+            if d.get("linear4bit_bytes") and d.get("read_ceiling_gbps"):
+                floor = d["linear4bit_bytes"] / d["read_ceiling_gbps"] / 1e6       # ms
+                line += (f"; their {d['linear4bit_bytes'] / 1e9:.2f} GB at the read ceiling "
+                         f"({d['read_ceiling_gbps']:.0f} GB/s) take {floor:.3f} ms, so at most "
+                         f"{bnb_ms / (rest + floor):.2f}x bnb")
             lines.append(line)
     for b, a in d["agreement"].items():
         lines.append(f"batch {b}: patched vs bnb logits: max |diff| {a['max_abs_logit_diff']:.4g}, "
