@@ -60,3 +60,52 @@ def test_format_decode_prints_the_bound_and_the_matmuls_share():
     assert "read ceiling" not in text                            # no bytes or ceiling given: no floor printed
     text = format_decode(dict(d, linear4bit_bytes=3.6e9, read_ceiling_gbps=4000.0))
     assert "their 3.60 GB at the read ceiling (4000 GB/s) take 0.900 ms, so at most 2.21x bnb" in text
+
+
+def test_decode_benchmark_records_each_variant_per_batch(monkeypatch):
+    """The benchmark's orchestration with the GPU parts replaced by doubles (the model, the timed steps, the
+    ceiling): bf16, bnb, patched and no-4bit per batch, in that order, with the patched calls counted and the
+    bytes and ceiling carried into the result."""
+    from tuner.serve import decode
+
+    ms = {"bf16": 9.0, "bnb": 7.5, "patched": 6.0, "no-4bit": 2.5}
+    state = {"variant": "bf16"}
+
+    def steps(model, b, *args):
+        return [ms[state["variant"]]] * 5, "cuda graph", torch.zeros(b, 1, 4)
+
+    def quantize(model):
+        state["variant"] = "bnb"
+        return 224
+
+    class Variant:
+        """A context that names the variant the timed steps belong to while it is open, then back to bnb."""
+
+        def __init__(self, name):
+            self.name = name
+
+        def __enter__(self):
+            state["variant"] = self.name
+
+        def __exit__(self, *exc):
+            state["variant"] = "bnb"
+
+    monkeypatch.setattr(decode, "build_model", lambda layers: object())
+    monkeypatch.setattr(decode, "quantize_linears", quantize)
+    monkeypatch.setattr(decode, "linear4bit_bytes", lambda model: 3_600_000_000)
+    monkeypatch.setattr(decode, "read_ceiling_gbps", lambda: 4000.0)
+    monkeypatch.setattr(decode, "decode_step_times", steps)
+    monkeypatch.setattr(decode, "free_4bit_linears", lambda: Variant("no-4bit"))
+    monkeypatch.setattr("tuner.serve.patch.patch_bitsandbytes", lambda: Variant("patched"))
+    said = []
+    d = decode.decode_benchmark(batches=(1, 8), layers=2, progress=said.append)
+    assert [(r["variant"], r["batch"], r["step_ms"]) for r in d["results"]] == [
+        ("bf16", 1, 9.0), ("bf16", 8, 9.0), ("bnb", 1, 7.5), ("patched", 1, 6.0), ("no-4bit", 1, 2.5),
+        ("bnb", 8, 7.5), ("patched", 8, 6.0), ("no-4bit", 8, 2.5)]
+    patched = [r for r in d["results"] if r["variant"] == "patched"]
+    assert all(r["matmul_calls"] == 0 for r in patched)              # no fused call ran (the double)
+    assert all(r["matmul_calls"] is None for r in d["results"] if r["variant"] != "patched")
+    assert d["linear4bit_bytes"] == 3_600_000_000 and d["read_ceiling_gbps"] == 4000.0
+    assert "patched batch 1: 6.000 ms/step (0 fused matmul calls outside the graph replays)" in said
+    assert "no-4bit batch 8 (every Linear4bit free: a bound): 2.500 ms/step" in said
+    assert "bf16 batch 1: 9.000 ms/step" in said

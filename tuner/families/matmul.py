@@ -875,11 +875,17 @@ class MatmulFamily(Family):
 
     def ceiling(self, inputs: MatmulInputs, problem: Problem):
         """(label, callable, bytes): a read-only reduction of 512 MiB (the read bandwidth)."""
-        import torch
+        return REF_READ, read_reduction(inputs.A.device), READ_BYTES
 
-        buf = torch.ones(READ_BYTES // 4, dtype=torch.float32, device=inputs.A.device)
-        sink = torch.empty((), dtype=torch.float32, device=inputs.A.device)
-        return REF_READ, (lambda: torch.sum(buf, dim=0, out=sink)), READ_BYTES
+
+def read_reduction(device, nbytes: int = READ_BYTES):
+    """A callable that reads ``nbytes`` once (``torch.sum`` of a float32 buffer into a scalar): the
+    family's read-only ceiling at 512 MiB, and a pure read of exactly a problem's bytes."""
+    import torch
+
+    buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    sink = torch.empty((), dtype=torch.float32, device=buf.device)
+    return lambda: torch.sum(buf, dim=0, out=sink)
 
 
 def _dtype_name(torch_dtype) -> str:

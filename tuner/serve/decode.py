@@ -100,15 +100,10 @@ def linear4bit_bytes(model) -> int:
 def read_ceiling_gbps(device=None) -> float:
     """GB/s of a read-only reduction of 512 MiB (the matmul family's ceiling), median of the one timing
     harness's repetitions."""
-    import torch
-
-    from ..families.matmul import READ_BYTES
+    from ..families.matmul import READ_BYTES, read_reduction
     from ..measure.timing import measure_interleaved
 
-    buf = torch.ones(READ_BYTES // 4, dtype=torch.float32, device=device or "cuda")
-    sink = torch.empty((), dtype=torch.float32, device=buf.device)
-    us = measure_interleaved({"read": lambda: torch.sum(buf, dim=0, out=sink)}, time_cap_s=1.0)["read"].median
-    del buf
+    us = measure_interleaved({"read": read_reduction(device or "cuda")}, time_cap_s=1.0)["read"].median
     return READ_BYTES / us / 1e3
 
 
@@ -246,11 +241,16 @@ def decode_benchmark(batches=(1, 8), layers: int = 32, table: Optional[str] = No
     model = build_model(layers)
     say(f"built a {layers}-layer Llama-3-8B-shaped model in {time.perf_counter() - t0:.0f} s")
     results = []
+
+    def record(variant, b, times, mode, calls=None, why=""):
+        m = statistics.median(times)
+        results.append(DecodeResult(variant, b, m, _iqr(times), b * 1000.0 / m, mode, calls, samples_ms=times))
+        say(f"{variant} batch {b}{why}: {m:.3f} ms/step"
+            + (f" ({calls} fused matmul calls outside the graph replays)" if calls is not None else ""))
+
     for b in batches:
         times, mode, _ = decode_step_times(model, b, prompt_len, steps, reps)
-        m = statistics.median(times)
-        results.append(DecodeResult("bf16", b, m, _iqr(times), b * 1000.0 / m, mode, samples_ms=times))
-        say(f"bf16 batch {b}: {m:.3f} ms/step")
+        record("bf16", b, times, mode)
     n = quantize_linears(model)
     w4 = linear4bit_bytes(model)
     ceiling = read_ceiling_gbps()
@@ -259,24 +259,18 @@ def decode_benchmark(batches=(1, 8), layers: int = 32, table: Optional[str] = No
     agreement = {}
     for b in batches:
         times, mode, bnb_first = decode_step_times(model, b, prompt_len, steps, reps)
-        m = statistics.median(times)
-        results.append(DecodeResult("bnb", b, m, _iqr(times), b * 1000.0 / m, mode, samples_ms=times))
-        say(f"bnb batch {b}: {m:.3f} ms/step")
+        record("bnb", b, times, mode)
         with patch_bitsandbytes():
             c0 = stats()["matmul_calls"]
             times, mode, ours_first = decode_step_times(model, b, prompt_len, steps, reps)
             calls = stats()["matmul_calls"] - c0
-        m = statistics.median(times)
-        results.append(DecodeResult("patched", b, m, _iqr(times), b * 1000.0 / m, mode, calls, samples_ms=times))
-        say(f"patched batch {b}: {m:.3f} ms/step ({calls} fused matmul calls outside the graph replays)")
+        record("patched", b, times, mode, calls)
         diff = (ours_first.float() - bnb_first.float()).abs()
         agreement[b] = dict(max_abs_logit_diff=float(diff.max()), mean_abs_logit_diff=float(diff.mean()),
                             same_argmax=float((ours_first.argmax(-1) == bnb_first.argmax(-1)).float().mean()))
         with free_4bit_linears():
             times, mode, _ = decode_step_times(model, b, prompt_len, steps, reps)
-        m = statistics.median(times)
-        results.append(DecodeResult("no-4bit", b, m, _iqr(times), b * 1000.0 / m, mode, samples_ms=times))
-        say(f"no-4bit batch {b} (every Linear4bit free: a bound): {m:.3f} ms/step")
+        record("no-4bit", b, times, mode, why=" (every Linear4bit free: a bound)")
     del model
     torch.cuda.empty_cache()
     return dict(layers=layers, prompt_len=prompt_len, results=[asdict(r) for r in results], agreement=agreement,
