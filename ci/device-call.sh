@@ -37,31 +37,29 @@ if want tests; then
 fi
 
 screens=$OUT/screens; mkdir -p "$screens"
+# screen PROBLEM RUNNER [VAR=VALUE ...]: one problem (NxK:M) through ci/RUNNER with the served kernel beside,
+# skipped once fewer than SCREEN_NEED seconds are left
+screen() {
+  local p=$1 runner=$2; shift 2
+  local shape=${p%%:*} m=${p##*:} given
+  if [ "$(left)" -lt "${SCREEN_NEED:-75}" ]; then say "skipped $p: $(left) s left"; return; fi
+  given=$(python3 ci/served_config.py "$shape" "$m") || { say "no served config for $p"; return; }
+  say "$runner $p (served: ${given:-bnb})"
+  env OUT="$screens" GIVEN="$given" M="$m" STAGE_TIMEOUT=$(( $(left) - 10 < 150 ? $(left) - 10 : 150 )) TABLES= "$@" \
+    bash "ci/$runner" "$shape" 2>&1 | grep -E "^(exhaustive|given)" | cut -c1-220 | tee -a "$log"
+}
 if want screens; then
   for p in ${PROBLEMS:-28672x8192:1 14336x4096:1}; do
-    shape=${p%%:*} m=${p##*:}
-    mt=8; [ "$m" -gt 4 ] && mt=16
+    mt=8; [ "${p##*:}" -gt 4 ] && mt=16
     persists=${PERSISTS:-0,1}; [ "$mt" -eq 16 ] && persists=0      # stream-K takes mtile 8 only
-    need=${SCREEN_NEED:-75}
-    if [ "$(left)" -lt "$need" ]; then say "skipped $p: $(left) s left"; continue; fi
-    given=$(python3 ci/served_config.py "$shape" "$m") || { say "no served config for $p"; continue; }
-    say "screen $p (served: ${given:-bnb})"
-    OUT=$screens GIVEN="$given" NAME=span SPANS=2 LOADS=16 LUTS=pairx MTILES=$mt WARPS=${WARPS:-8,16} \
-      UNROLLS=${UNROLLS:-2} KSPLITS=${KSPLITS:-1,2,4} PQS=${PQS:-0} PREFETCHES=${PREFETCHES:-1,2} PERSISTS=$persists \
-      M=$m STAGE_TIMEOUT=$(( $(left) - 10 < 150 ? $(left) - 10 : 150 )) TABLES= \
-      bash ci/explore-rows.sh "$shape" 2>&1 | grep -E "^(exhaustive|given)" | cut -c1-220 | tee -a "$log"
+    screen "$p" explore-rows.sh NAME=span SPANS=2 LOADS=16 LUTS=pairx MTILES=$mt WARPS=${WARPS:-8,16} \
+      UNROLLS=${UNROLLS:-2} KSPLITS=${KSPLITS:-1,2,4} PQS=${PQS:-0} PREFETCHES=${PREFETCHES:-1,2} PERSISTS=$persists
   done
 fi
 if want sweep; then
-  # any part of the space (SWEEP: knob=v1,v2 ..., without m) at SWEEP_PROBLEMS (NxK:M), the served kernel beside
+  # any part of the space (SWEEP: knob=v1,v2 ..., without m) at SWEEP_PROBLEMS (NxK:M)
   for p in ${SWEEP_PROBLEMS:-}; do
-    shape=${p%%:*} m=${p##*:}
-    if [ "$(left)" -lt "${SCREEN_NEED:-75}" ]; then say "skipped sweep $p: $(left) s left"; continue; fi
-    given=$(python3 ci/served_config.py "$shape" "$m") || { say "no served config for $p"; continue; }
-    say "sweep $p (served: ${given:-bnb})"
-    OUT=$screens GIVEN="$given" NAME=sweep-m$m M=$m SWEEP="${SWEEP:?SWEEP is required by the sweep step} m=$m" \
-      STAGE_TIMEOUT=$(( $(left) - 10 < 150 ? $(left) - 10 : 150 )) TABLES= \
-      bash ci/explore-screen.sh "$shape" 2>&1 | grep -E "^(exhaustive|given)" | cut -c1-220 | tee -a "$log"
+    screen "$p" explore-screen.sh NAME=sweep-m${p##*:} SWEEP="${SWEEP:?SWEEP is required by the sweep step} m=${p##*:}"
   done
 fi
 if want screens || want sweep; then tar -czf "$OUT/screens.tar.gz" -C "$screens" .; fi
@@ -77,23 +75,14 @@ if want table; then
     say "table: no screens"
   fi
 fi
-if want mmbench; then
-  if [ "$(left)" -gt 120 ]; then
-    timeout $(( $(left) - 5 )) bash ci/gpu-session.sh mmbench > /dev/null 2>&1; say "mmbench exit $?"
-    tail -40 "$OUT/mmbench.txt" 2>/dev/null | tee -a "$log" > /dev/null
-  else say "skipped mmbench: $(left) s left"; fi
-fi
-if want decode; then
-  if [ "$(left)" -gt 90 ]; then
-    timeout $(( $(left) - 5 )) bash ci/gpu-session.sh decode > /dev/null 2>&1; say "decode exit $?"
-    tail -12 "$OUT/decode.txt" 2>/dev/null
-  else say "skipped decode: $(left) s left"; fi
-fi
-if want readfloor; then
-  if [ "$(left)" -gt 100 ]; then
-    timeout $(( $(left) - 5 )) bash ci/gpu-session.sh readfloor > /dev/null 2>&1; say "readfloor exit $?"
-    tail -9 "$OUT/readfloor.txt" 2>/dev/null | tee -a "$log"
-  else say "skipped readfloor: $(left) s left"; fi
-fi
+# session MODE NEED LINES: ci/gpu-session.sh MODE if NEED seconds are left, its file's last LINES into call.txt
+session() {
+  if [ "$(left)" -le "$2" ]; then say "skipped $1: $(left) s left"; return; fi
+  timeout $(( $(left) - 5 )) bash ci/gpu-session.sh "$1" > /dev/null 2>&1; say "$1 exit $?"
+  tail -"$3" "$OUT/$1.txt" 2>/dev/null | tee -a "$log"
+}
+want mmbench && session mmbench 120 40
+want decode && session decode 90 14
+want readfloor && session readfloor 100 9
 rm -rf "$screens"
 say "done"
