@@ -138,6 +138,32 @@ def test_table_from_screens_takes_each_problems_fastest_valid_config_faster_than
     assert run.returncode == 1 and "not an exhaustive report" in run.stderr and not out2.exists()
 
 
+def test_table_from_screens_keeps_the_served_config_within_the_min_gain(tmp_path):
+    """A screened config replaces the served one timed beside it ("given: ...") only if faster by more than
+    --min-gain: 11.10 against the served 11.17 us (0.6%) keeps the served config; 9.02 against 10.46 (14%)
+    replaces it (session 18's H100 screens of 4096x4096 and 1024x4096); --min-gain 0 takes the fastest."""
+    screens = tmp_path / "s.json"
+    screens.write_text(json.dumps([
+        _final((4096, 4096), 1, 14.0, [("screen #1", "ok", 11.10, dict(warps=8)),
+                                       ("given: simt w16", "ok", 11.17, dict(warps=16))]),
+        _final((1024, 4096), 1, 11.0, [("screen #1", "ok", 9.02, dict(warps=8)),
+                                       ("given: mma-rows w4", "ok", 10.46, dict(warps=4))])]))
+
+    def table(*opts):
+        out = tmp_path / "t.json"
+        run = subprocess.run([sys.executable, str(CI / "table_from_screens.py"), str(screens), "-o", str(out),
+                              *opts], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        return {tuple(e["shape"]): (e["config"]["warps"], e["median_us"]) for e in json.loads(out.read_text())["entries"]}
+
+    assert table() == {(4096, 4096): (16, 11.17), (1024, 4096): (8, 9.02)}
+    assert table("--min-gain", "0") == {(4096, 4096): (8, 11.10), (1024, 4096): (8, 9.02)}
+    assert table("--min-gain", "0.2") == {(4096, 4096): (16, 11.17), (1024, 4096): (4, 10.46)}
+    bad = subprocess.run([sys.executable, str(CI / "table_from_screens.py"), str(screens), "-o",
+                          str(tmp_path / "never.json"), "--min-gain", "1.5"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--min-gain" in bad.stderr and not (tmp_path / "never.json").exists()
+
+
 def test_served_config_prints_what_the_runtime_serves_or_nothing_where_bnb_does(tmp_path):
     def run(*args):
         return subprocess.run([sys.executable, str(CI / "served_config.py"), *args], capture_output=True, text=True)
