@@ -121,13 +121,10 @@
 // Launch knobs (not macros): threads per CTA (WARPS x 32, read as blockDim.x) and the split-K
 // count (gridDim.y).
 //
-// Split-K (gridDim.y > 1): every CTA stores its partial sums in its own fp32 slots of the workspace (an
-// output's parts side by side; stream-K: a slot of M x N floats per part; no atomics) and counts itself in
-// per-tile counters; the last CTA of a tile adds each output's parts in part order, adds the bias, rounds,
-// writes y and puts the slots and the counter back to zero, so one launch does it all and the workspace
-// stays ready for the next (no memset launch; CUDA-graph friendly). The sum's order is fixed, so y is the same bit for bit from run to
-// run whatever the order the CTAs finish in (session 18; fp32 atomics added in arrival order, and from
-// three parts on two runs could round apart).
+// Split-K (gridDim.y > 1): every CTA adds its partial sums to an fp32 workspace with atomics and
+// counts itself in per-tile counters; the last CTA of a tile adds the bias, rounds, writes y and
+// puts the workspace and the counter back to zero, so one launch does it all and the workspace
+// stays ready for the next (no memset launch; CUDA-graph friendly).
 //
 // Multiplies and adds of the scale are __fmul_rn / __fadd_rn, as bnb's dequantize computes them.
 
@@ -586,13 +583,11 @@ __device__ __forceinline__ float scale_finish_known(const Scales& s, ScaleRaw r)
 #endif
 
 // ---------------------------------------------------------------- output
-// Add the bias, round and store y[m, n]; or, split over K, store the partial sum in its slot of the workspace:
-// split-K (gridDim.y parts) keeps an output's parts side by side, ws[(m * N + n) * parts + part]; stream-K
-// (gridDim.y 1) passes its part's slot (ws_slot). Each (m, n) of a tile is emitted once by each part.
+// Add the bias, round and store y[m, n]; or, split over K, add the partial sum to the workspace.
 __device__ __forceinline__ void emit(float v, u32 m, u32 n, u32 N, const act_t* __restrict__ bias,
                                      act_t* __restrict__ out, float* __restrict__ ws) {
     if (ws != nullptr) {
-        ws[((u64)m * N + n) * gridDim.y + blockIdx.y] = v;    // plain: st.global.cg gave SIMT 7 more registers
+        atomicAdd(ws + (u64)m * N + n, v);
     } else {
         if (bias != nullptr) v += act_to_float(bias[n]);
         out[(u64)m * N + n] = float_to_act(v);
@@ -610,12 +605,10 @@ __device__ __forceinline__ void work_sync() {
 #endif
 }
 
-// Split-K: the last CTA of this (row tile, m tile) finishes it; parts: the CTAs that store a slot of it (the
-// split count gridDim.y, or stream-K's count for the tile); ws: the workspace, where output e's part p lies at
-// e * parts + p (split-K) or at e + p * M * N (stream-K: gridDim.y 1, M x N floats a part). Every working
-// thread of the CTA calls this.
-__device__ __forceinline__ void finish_split(u32 tile, u32 row_first, u32 rows, u32 m_first, u32 mrows, u32 M,
-                                             u32 N, const act_t* __restrict__ bias, act_t* __restrict__ out,
+// Split-K: the last CTA of this (row tile, m tile) finishes it; parts: the CTAs that add to it (the
+// split count gridDim.y, or stream-K's count for the tile). Every working thread of the CTA calls this.
+__device__ __forceinline__ void finish_split(u32 tile, u32 row_first, u32 rows, u32 m_first, u32 mrows, u32 N,
+                                             const act_t* __restrict__ bias, act_t* __restrict__ out,
                                              float* __restrict__ ws, u32* __restrict__ counters, u32 parts) {
     __shared__ u32 last;
     __threadfence();
@@ -628,29 +621,13 @@ __device__ __forceinline__ void finish_split(u32 tile, u32 row_first, u32 rows, 
     work_sync();
     if (!last) return;
     __threadfence();
-    const bool side_by_side = gridDim.y > 1;
-    const u64 step = side_by_side ? 1u : (u64)M * N;           // from one part of an output to the next
     for (u32 i = threadIdx.x; i < rows * mrows; i += work_threads()) {
         const u32 m = m_first + i / rows, n = row_first + i % rows;
-        const u64 e = (u64)m * N + n;
-        float* p = ws + (side_by_side ? e * parts : e);
-        float v = 0.0f;               // the parts added in part order: the same sum every run
-        u32 part = 0;
-        // four parts' loads in flight at a time, not one L2 round trip per part (plain zeroing stores: with
-        // st.global.cg ptxas gave the SIMT main loop 7 more registers, NVRTC 13.5)
-#pragma unroll 1
-        for (; part + 4u <= parts; part += 4u, p += 4u * step) {
-            const float a = __ldcg(p), b = __ldcg(p + step), c = __ldcg(p + 2u * step), d = __ldcg(p + 3u * step);
-            v += a; v += b; v += c; v += d;
-            p[0] = 0.0f; p[step] = 0.0f; p[2u * step] = 0.0f; p[3u * step] = 0.0f;
-        }
-#pragma unroll 1
-        for (; part < parts; ++part, p += step) {
-            v += __ldcg(p);
-            *p = 0.0f;
-        }
+        float* p = ws + (u64)m * N + n;
+        float v = __ldcg(p);
+        *p = 0.0f;
         if (bias != nullptr) v += act_to_float(bias[n]);
-        out[e] = float_to_act(v);
+        out[(u64)m * N + n] = float_to_act(v);
     }
 }
 
@@ -942,7 +919,7 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     }
     if (ws != nullptr) {
         const u32 rows = min(warps * NF4T_RPW, N - row_first);
-        finish_split(blockIdx.z * gridDim.x + blockIdx.x, row_first, rows, m0, mrows, M, N, bias, out, ws, counters,
+        finish_split(blockIdx.z * gridDim.x + blockIdx.x, row_first, rows, m0, mrows, N, bias, out, ws, counters,
                      gridDim.y);
     }
 }
@@ -1074,7 +1051,7 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     }
     if (ws != nullptr) {
         const u32 rows = min(warps * NF4T_RPW, N - row_first);
-        finish_split(blockIdx.z * gridDim.x + blockIdx.x, row_first, rows, m0, mrows, M, N, bias, out, ws, counters,
+        finish_split(blockIdx.z * gridDim.x + blockIdx.x, row_first, rows, m0, mrows, N, bias, out, ws, counters,
                      gridDim.y);
     }
 }
@@ -1482,7 +1459,7 @@ __device__ __forceinline__ void ks_compute(const KsGroup& G, float (&acc)[NF4T_R
 
 // the warps' sums of a tile, added in warp order; the bias, the rounding and y (or the split-K workspace)
 __device__ __forceinline__ void ks_epilogue(const float (&acc)[NF4T_RT][NF4T_NT][4], float* red, u32 warp, u32 warps,
-                                            u32 g, u32 t, u32 row0, u32 tile, u32 tiles, u32 m0, u32 mrows, u32 M, u32 N,
+                                            u32 g, u32 t, u32 row0, u32 tile, u32 tiles, u32 m0, u32 mrows, u32 N,
                                             const act_t* __restrict__ bias, act_t* __restrict__ out,
                                             float* __restrict__ ws, u32* __restrict__ counters) {
 #pragma unroll
@@ -1504,7 +1481,7 @@ __device__ __forceinline__ void ks_epilogue(const float (&acc)[NF4T_RT][NF4T_NT]
         }
     }
     if (ws != nullptr)
-        finish_split(blockIdx.z * tiles + tile, row0, min((u32)NF4T_RPW, N - row0), m0, mrows, M, N, bias, out, ws,
+        finish_split(blockIdx.z * tiles + tile, row0, min((u32)NF4T_RPW, N - row0), m0, mrows, N, bias, out, ws,
                      counters, gridDim.y);
     else
         work_sync();      // red is written again by the next tile
@@ -1773,7 +1750,7 @@ __device__ __forceinline__ void rows_stage_a(const act_t* __restrict__ A, unsign
 }
 
 // A warp's sums over the staged slice [k_begin, k_end) of its rows row0.. (G holds the first group's
-// loads), written to y (ws == nullptr) or stored in a workspace slot (ws: a slice of a split tile's part)
+// loads), written to y (ws == nullptr) or added to the workspace (a slice of a split tile)
 __device__ __forceinline__ void rows_slice(RowsGroup& G, const u8* __restrict__ B, const Scales& s,
                                            const float* __restrict__ absmax_f, const act_t* __restrict__ bias,
                                            act_t* __restrict__ out, float* __restrict__ ws, unsigned char* a_st,
@@ -1842,11 +1819,6 @@ __device__ __forceinline__ u32 stream_k_cta(u32 u, u32 units, u32 ctas) {
     return (u32)(((u64)(u + 1u) * ctas - 1u) / units);
 }
 
-// stream-K's workspace: part p of a cut tile stores its partial sums in slot p, M x N floats (finish_split)
-__device__ __forceinline__ float* ws_slot(float* ws, u32 part, u32 M, u32 N) {
-    return ws + (u64)part * M * N;
-}
-
 // One slice of a row tile (rows row_first.., K from k_begin to k_end): its W's first group, (the tables,
 // for the CTA's first slice,) A's stage, the warps' sums to y or the workspace. Not inlined: inlined in the
 // run's loop (or unrolled twice), ptxas moved the pair table's shared base out of the uniform registers and
@@ -1910,13 +1882,13 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     rows_slice(G, B, s, absmax_f, bias, out, ws, a_st, pitch, row0, m0, mrows, N, K, k_begin, k_end, g, t, lane, lane4);
     if (ws != nullptr) {
         const u32 rows = min(warps * NF4T_RPW, N - row_first);
-        finish_split(blockIdx.z * gridDim.x + blockIdx.x, row_first, rows, m0, mrows, M, N, bias, out, ws, counters,
+        finish_split(blockIdx.z * gridDim.x + blockIdx.x, row_first, rows, m0, mrows, N, bias, out, ws, counters,
                      gridDim.y);
     }
 #else
     // stream-K: this CTA's run of units, a slice of one row tile at a time (kper: the longest slice, so A's
-    // stage holds any). A tile's slice is written to y if it is the whole K, else stored in the CTA's slot of the
-    // workspace and the last of the tile's CTAs finishes it.
+    // stage holds any). A tile's slice is written to y if it is the whole K, else added to the workspace and
+    // the last of the tile's CTAs finishes it.
     const u32 tiles = (N + warps * NF4T_RPW - 1) / (warps * NF4T_RPW);
     const u32 gpt = (K + NF4T_GK - 1) / NF4T_GK;                       // groups per row tile
     const u32 units = tiles * gpt, ctas = gridDim.x;                     // units <= N*K / 512 < 2^22
@@ -1926,14 +1898,12 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
         const u32 tile = u / gpt, g0 = u % gpt, g1 = min(gpt, g0 + (u_end - u));
         const u32 row_first = tile * warps * NF4T_RPW;
         const bool whole = g0 == 0 && g1 == gpt;
-        // a cut tile's part: this CTA's place among the CTAs that hold its units (its workspace slot)
-        const u32 tile_cta = stream_k_cta(tile * gpt, units, ctas);
-        rows_segment(A, B, s, code2, absmax_f, bias, out, whole ? nullptr : ws_slot(ws, blockIdx.x - tile_cta, M, N),
-                     N, K, kper, m0, mrows, row_first, g0 * NF4T_GK, min(K, g1 * NF4T_GK), first);
+        rows_segment(A, B, s, code2, absmax_f, bias, out, whole ? nullptr : ws, N, K, kper, m0, mrows, row_first,
+                     g0 * NF4T_GK, min(K, g1 * NF4T_GK), first);
         if (!whole) {
             const u32 rows = min(warps * NF4T_RPW, N - row_first);
-            const u32 parts = stream_k_cta((tile + 1u) * gpt - 1u, units, ctas) - tile_cta + 1u;
-            finish_split(blockIdx.z * tiles + tile, row_first, rows, m0, mrows, M, N, bias, out, ws, counters, parts);
+            const u32 parts = stream_k_cta((tile + 1u) * gpt - 1u, units, ctas) - stream_k_cta(tile * gpt, units, ctas) + 1u;
+            finish_split(blockIdx.z * tiles + tile, row_first, rows, m0, mrows, N, bias, out, ws, counters, parts);
         }
         u += g1 - g0;
     }
@@ -2192,7 +2162,7 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
             if (lane == 0) mbar_arrive(empty + 8u * st);
             ks_compute(Gr, acc, s, nb, sub, lane, lane4, nullptr);
         }
-        ks_epilogue(acc, red, warp, warps, g, t, row0, tile, tiles, m0, mrows, M, N, bias, out, ws, counters);
+        ks_epilogue(acc, red, warp, warps, g, t, row0, tile, tiles, m0, mrows, N, bias, out, ws, counters);
     }
 }
 #else
@@ -2322,7 +2292,7 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
         }
 #endif
 
-        ks_epilogue(acc, red, warp, warps, g, t, row0, tile, tiles, m0, mrows, M, N, bias, out, ws, counters);
+        ks_epilogue(acc, red, warp, warps, g, t, row0, tile, tiles, m0, mrows, N, bias, out, ws, counters);
     }
 }
 #endif   // NF4T_FEED

@@ -14,7 +14,7 @@ import bitsandbytes as bnb
 import bitsandbytes.functional as F
 
 from tuner.families import MATMUL as MM
-from tuner.families.matmul import rows_span
+from tuner.families.matmul import gamma, rows_span
 from tuner.kernel.launch import LoadedKernel
 from tuner.measure.gate import check_config
 from tuner.vocabulary import Problem
@@ -192,8 +192,6 @@ PRMTQ_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("prmt_quarters",
 AHEAD2_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("prefetch", 0) == 2]
 #: the configs with windows over several blocks (span > 1), each served at one blocksize
 SPAN_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("span", 1) > 1]
-#: the configs whose output tiles take three or more parts (split-K 4 to 16, or stream-K): every path's split
-MANY_PARTS_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("ksplit", 1) >= 4 or i in STREAM_K_CONFIGS]
 
 
 @pytest.mark.parametrize("m, knobs", CONFIGS, ids=[f"m{m}-{i}" for i, (m, _) in enumerate(CONFIGS)])
@@ -262,7 +260,7 @@ def _same_output_as(seed, m, knobs, other):
         for quant in ("nf4", "fp4"):
             prob = P(999, 3 * 1024 + 2 * bs, m, dtype, quant, bs)
             inputs = MM.make_inputs(prob, prob.shape, seed)
-            outs = []
+            outs, parts = [], 1
             for k in (knobs, dict(knobs, **other)):
                 c = MM.config(**k, dtype=dtype, quant=quant, m=m)
                 out = MM.new_output(inputs)
@@ -270,10 +268,24 @@ def _same_output_as(seed, m, knobs, other):
                 launch()
                 torch.cuda.synchronize()
                 outs.append(out)
+                # the fp32 parts summed into an output: K's splits, or the most CTAs a stream-K tile is cut between
+                parts = max(parts, launch.plan.splits, *(launch.plan.stream_k_parts or [1]))
             c = MM.config(**knobs, dtype=dtype, quant=quant, m=m)
             assert not torch.isnan(outs[0]).any(), f"{c.short()}: NaN left in the output"
-            # split-K's parts are added in part order (however many), so the same partial sums give the same bits
-            assert torch.equal(outs[0], outs[1]), f"{c.short()} {prob.label()}: differs with {other}"
+            if parts <= 2:
+                # one or two fp32 parts per output: the split's atomic sum is the same whatever the order
+                assert torch.equal(outs[0], outs[1]), f"{c.short()} {prob.label()}: differs with {other}"
+            else:
+                # more parts: the fp32 atomics add in arrival order, so two runs (of one config or two) may
+                # round apart; each within the gate's bound, and apart by at most two fp32 sums' order noise
+                # (gamma(K) * S each) plus one unit in the last place of the output dtype
+                for out in outs:
+                    assert MM.compare(out, MM.expected(inputs), inputs, c) is None
+                b = outs[1].double()
+                allowed = (2 * gamma(inputs.K, 2.0**-24) * MM._reference(inputs)["S"]
+                           + torch.finfo(outs[1].dtype).eps * b.abs())
+                worst = ((outs[0].double() - b).abs() - allowed).max().item()
+                assert worst <= 0, f"{c.short()} {prob.label()}: differs with {other} beyond the sum order's noise"
     c = MM.config(**knobs, m=m)
     r = check_config(c, P(28672, 8192, m, bs=bs), seed=seed)
     assert r.ok, f"{c.short()} 28672x8192: {r.reason}"
@@ -290,8 +302,8 @@ def test_prmt_quarters_give_the_pair_tables_sums_bit_for_bit(seed, index):
 @pytest.mark.parametrize("index", AHEAD2_CONFIGS)
 def test_two_groups_ahead_give_one_group_aheads_sums_bit_for_bit(seed, index):
     """prefetch 2 only issues the loads earlier: the same groups are computed in the same order, so the
-    output is the prefetch-1 config's bit for bit (split-K 16 too: its parts are added in part order; session
-    16's H100 saw fp16 at split-K 16 round apart while they were fp32 atomics in arrival order)."""
+    output is the prefetch-1 config's bit for bit (where K is split in more than two parts, up to the fp32
+    atomics' arrival order: session 16's H100 saw fp16 at split-K 16 round apart)."""
     m, knobs = CONFIGS[index]
     _same_output_as(seed, m, knobs, dict(prefetch=1))
 
@@ -331,37 +343,6 @@ def test_stream_k_over_any_count_of_ctas(seed, index):
     for n, kk in ((28672, 8192), (1024, 4096)):
         r = check_config(MM.config(**knobs, m=m), P(n, kk, m, bs=bs), seed=seed)
         assert r.ok, f"{n}x{kk}: {r.reason}"
-
-
-@pytest.mark.parametrize("index", MANY_PARTS_CONFIGS)
-def test_split_k_gives_the_same_bits_every_run(seed, index):
-    """Split-K's partial sums are stored per part and added by the tile's last CTA in part order, so five
-    runs on the same inputs write the same bits, whatever the order the CTAs finish in (with fp32 atomics
-    the arrival order decided the rounding from three parts on), each within the gate's bound and with no
-    NaN of the poisoned output left; and the workspace holds a slot per part."""
-    from tuner.kernel.launch import bind, load_kernel
-
-    m, knobs = CONFIGS[index]
-    bs = 8 * knobs["load_bytes"] // knobs["span"] if knobs.get("span", 1) > 1 else 64
-    for dtype in ("bf16", "fp16"):
-        c = MM.config(**knobs, dtype=dtype, quant="nf4", m=m)
-        k = load_kernel(c)
-        prob = P(2999, 4 * 1024 + 2 * bs, m, dtype, "nf4", bs)
-        inputs = MM.make_inputs(prob, prob.shape, seed)
-        want = MM.expected(inputs)
-        outs = []
-        for _ in range(5):
-            out = MM.new_output(inputs)
-            launch = bind(k, inputs, out)
-            launch()
-            torch.cuda.synchronize()
-            outs.append(out)
-        plan = launch.plan
-        assert plan.parts >= 3 and plan.ws.numel() == plan.parts * inputs.M * 2999, (plan.parts, plan.grid)
-        assert not torch.isnan(outs[0]).any(), f"{c.short()}: NaN left in the output"
-        assert MM.compare(outs[0], want, inputs, c) is None
-        for i, out in enumerate(outs[1:], 1):
-            assert torch.equal(out, outs[0]), f"{c.short()} {dtype}: run {i} differs from run 0 ({plan.parts} parts)"
 
 
 def test_plain_absmax(seed):

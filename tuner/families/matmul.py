@@ -479,13 +479,10 @@ class MatmulPlan:
         self.grid = (gx, self.splits, mtiles)
         self.block = threads
         self.ws = self.counters = None
-        #: the most CTAs that add a part to one output tile: the workspace holds a slot of M x N partial sums
-        #: for each (the tile's last CTA adds them in part order: the same bits every run)
-        self.parts = max(self.splits, *(self.stream_k_parts or [1]))
-        if self.parts > 1:
+        if self.splits > 1 or max(self.stream_k_parts or [1]) > 1:
             import torch
 
-            self.ws = torch.zeros(self.parts * M * N, dtype=torch.float32, device=device or "cuda")
+            self.ws = torch.zeros(M * N, dtype=torch.float32, device=device or "cuda")
             self.counters = torch.zeros(tiles * mtiles, dtype=torch.int32, device=device or "cuda")
 
     def constants(self) -> dict:
