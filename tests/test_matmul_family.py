@@ -193,9 +193,9 @@ def test_plan_geometry_and_refusals():
     plan = MatmulPlan(c, 1, 4096, 14336, 64, 256, LIMITS, registers=72, device="cpu")
     assert plan.kper % 1024 == 0 and plan.splits * plan.kper >= 14336 and (plan.splits - 1) * plan.kper < 14336
     assert plan.grid == (4096 // 16, plan.splits, 1) and plan.block == 128
-    assert plan.ws.numel() == 4096 and plan.counters.numel() == 256
+    assert plan.ws.numel() == 4096 and plan.counters.numel() == 256 and plan.parts == plan.splits == 4
     one = MatmulPlan(c.replace(ksplit=1), 3, 1000, 4096, 64, 256, LIMITS, device="cpu")
-    assert one.ws is None and one.grid == (-(-1000 // 16), 1, 3)
+    assert one.ws is None and one.grid == (-(-1000 // 16), 1, 3) and one.parts == 1
     with pytest.raises(UnsupportedInput, match="registers"):      # an sm_86-like SM file of 32K registers
         MatmulPlan(c.replace(warps=8), 1, 64, 4096, 64, 256, DeviceLimits(84, regs_per_sm=32768), registers=168,
                    device="cpu")
@@ -846,7 +846,7 @@ def test_stream_k_plans_one_even_run_per_resident_cta():
     assert p.grid == (132, 1, 1) and p.block == 512 and p.kper == 28 * 256
     assert p.smem == 256 * 256 + rows_stage_bytes(28 * 256, 1)
     assert len(p.stream_k_parts) == 112 and sorted(p.stream_k_parts) == [2] * 100 + [3] * 12
-    assert p.ws.numel() == 28672 and p.counters.numel() == 112
+    assert p.ws.numel() == 28672 and p.counters.numel() == 112 and p.parts == 3    # the most parts of a tile
     # ksplit: CTAs per resident slot (shorter runs), K never split otherwise
     p = MatmulPlan(c.replace(ksplit=2), 1, 28672, 8192, 64, 256, h100, registers=128, device="cpu")
     assert p.grid == (264, 1, 1) and p.kper == 14 * 256 and p.splits == 1

@@ -491,6 +491,47 @@ def test_runtime_and_patch_serve_only_where_faster(seed, tmp_path):
         table.use_configs(None)
 
 
+def test_deterministic_mode_serves_only_order_free_sums(seed, tmp_path):
+    """Under torch.use_deterministic_algorithms(True) a variant that adds more than two split-K parts of an
+    output with fp32 atomics is not served (bnb serves, counted, explain_matmul says why, bnb's bits); one of
+    two parts (an order-free sum) still is, the same bits twice; with the mode off both are served."""
+    from tuner import serve
+    from tuner.serve import table
+
+    gpu = torch.cuda.get_device_name(0)
+    torch.manual_seed(seed)
+    four = bnb.nn.Linear4bit(4096, 1024, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4").cuda()
+    two = bnb.nn.Linear4bit(4096, 4096, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4").cuda()
+    split4, split2 = MM.config(**CONFIGS[1][1], m=1), MM.config(**CONFIGS[2][1], m=1)
+    assert (split4.ksplit, split2.ksplit) == (4, 2)
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        _table_with(tmp_path, [_entry(gpu, 1024, 4096, 1, split4, 3.0), _entry(gpu, 4096, 4096, 1, split2, 3.0)])
+        x = torch.randn(1, 4096, dtype=torch.bfloat16, device="cuda")
+        with torch.no_grad():
+            torch.use_deterministic_algorithms(True)
+            d = serve.explain_matmul(x, four.weight.quant_state)
+            assert not d.served and "deterministic" in d.reason and "4 parts" in d.reason, d
+            before = serve.stats()
+            got = serve.matmul_4bit(x, four.weight.t(), four.weight.quant_state)
+            after = serve.stats()
+            assert after["matmul_bnb"] - before["matmul_bnb"] == 1 and after["matmul_calls"] == before["matmul_calls"]
+            assert torch.equal(got, four(x))                     # bnb's own result
+            assert serve.explain_matmul(x, two.weight.quant_state).served
+            c0 = serve.stats()["matmul_calls"]
+            a = serve.matmul_4bit(x, two.weight.t(), two.weight.quant_state)
+            b = serve.matmul_4bit(x, two.weight.t(), two.weight.quant_state)
+            assert serve.stats()["matmul_calls"] - c0 == 2 and torch.equal(a, b)
+            torch.use_deterministic_algorithms(False)
+            assert serve.explain_matmul(x, four.weight.quant_state).served
+            c0 = serve.stats()["matmul_calls"]
+            serve.matmul_4bit(x, four.weight.t(), four.weight.quant_state)
+            assert serve.stats()["matmul_calls"] - c0 == 1
+    finally:
+        torch.use_deterministic_algorithms(was)
+        table.use_configs(None)
+
+
 @pytest.mark.parametrize("index", [1, STREAM_K_CONFIGS[0]])
 def test_cuda_graph_capture_and_torch_compile(seed, tmp_path, index):
     """Served under a CUDA graph and torch.compile: split-K (the workspace fix-up in a graph) and stream-K

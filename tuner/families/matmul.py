@@ -478,8 +478,11 @@ class MatmulPlan:
                 gx = min(tiles, max(1, resident) * limits.sm_count)
         self.grid = (gx, self.splits, mtiles)
         self.block = threads
+        #: the most CTAs whose partial sums one output takes (fp32 atomics into the workspace): up to 2 the sum is
+        #: the same whatever the order they arrive in; from 3 on its rounding may differ from run to run
+        self.parts = max(self.splits, *(self.stream_k_parts or [1]))
         self.ws = self.counters = None
-        if self.splits > 1 or max(self.stream_k_parts or [1]) > 1:
+        if self.parts > 1:
             import torch
 
             self.ws = torch.zeros(M * N, dtype=torch.float32, device=device or "cuda")

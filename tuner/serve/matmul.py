@@ -7,6 +7,10 @@ for this GPU model, weight shape, dtype, quant type, blocksize and batch bucket 
 to 1, 2, 4, ..., 64); everywhere else bnb's own path runs, and :func:`tuner.serve.runtime.stats`
 counts why (``matmul_bnb``).
 
+Under ``torch.use_deterministic_algorithms(True)`` a variant whose outputs each sum more than two
+split-K or stream-K parts with fp32 atomics (whose rounding follows the order they arrive in) is not
+served: bnb, which splits nothing, serves those calls (``explain_matmul`` says so).
+
 A call never synchronises (the nested offset is read by the kernel through a pointer) and
 allocates nothing but its output, so it can be captured in a CUDA graph once warmed up: the
 first call of a (shape, batch) builds the launch plan, whose split-K workspace the kernel keeps
@@ -72,6 +76,11 @@ def serve_decision(gpu: str, problem: Problem) -> Decision:
     return d
 
 
+def nondeterministic_reason(plan) -> str:
+    return (f"torch's deterministic algorithms are on and {plan.config.short()} adds {plan.parts} parts of each "
+            "output with fp32 atomics (the rounding follows their arrival order): bnb serves it")
+
+
 def _problem_of(A, qs, dtype: str, N: int, K: int) -> Problem:
     M = A.numel() // K
     return Problem((N, K), dtype, qs.quant_type, int(qs.blocksize), "matmul", m_bucket(M))
@@ -87,9 +96,21 @@ def explain_matmul(A, quant_state, bias=None) -> Decision:
         N, K, dtype = check_matmul_inputs(A, quant_state, bias)
     except UnsupportedInput as e:
         return Decision(False, None, f"{e}")
-    if A.numel() // K > 64:
-        return Decision(False, None, f"M={A.numel() // K} is past the decode buckets (<= 64): bnb serves it")
-    return serve_decision(torch.cuda.get_device_name(A.device.index), _problem_of(A, quant_state, dtype, N, K))
+    M = A.numel() // K
+    if M > 64:
+        return Decision(False, None, f"M={M} is past the decode buckets (<= 64): bnb serves it")
+    d = serve_decision(torch.cuda.get_device_name(A.device.index), _problem_of(A, quant_state, dtype, N, K))
+    if d.served and torch.are_deterministic_algorithms_enabled():
+        from ..kernel.arch import device_limits
+        from ..kernel.launch import load_kernel
+
+        # the plan serving would build (its parts; stream-K's grid follows the registers), workspace on "meta"
+        g = int(quant_state.state2.blocksize) if quant_state.state2 is not None else 256
+        plan = MatmulPlan(d.choice.config, M, N, K, int(quant_state.blocksize), g, device_limits(A.device.index),
+                          load_kernel(d.choice.config).compiled.registers, device="meta")
+        if plan.parts > 2:
+            return Decision(False, d.choice, nondeterministic_reason(plan))
+    return d
 
 
 def _plan(key, config, M, N, K, qs, device):
@@ -126,6 +147,8 @@ def _fused(A, B, qs, out, bias):
     config = d.choice.config
     key = (A.device.index, M, N, K, dtype, qs.quant_type, int(qs.blocksize), qs.state2 is not None, config)
     launch, plan = _plans.get(key) or _plan(key, config, M, N, K, qs, A.device)
+    if plan.parts > 2 and torch.are_deterministic_algorithms_enabled():
+        raise UnsupportedInput(nondeterministic_reason(plan))
     A2 = A if A.is_contiguous() else A.contiguous()
     Bflat = B.reshape(-1) if B.is_contiguous() else B.contiguous().reshape(-1)
     y = out if out is not None else torch.empty((*A.shape[:-1], N), dtype=A.dtype, device=A.device)
