@@ -45,11 +45,9 @@ def _states(url):
             [t.number for t in trials if t.state == TrialState.RUNNING])
 
 
-def test_the_cli_search_killed_mid_trial_resumes_without_losing_a_trial(tmp_path):
-    url = f"sqlite:///{tmp_path / 'killed.db'}"
-    argv = [sys.executable, "-m", "tuner.cli", "search", "--shape", "1024x1024", "--trials", "12", "--db", url,
-            "--quiet", "--seed", "3"]
-    env = _env(NF4TUNE_HEARTBEAT_S="1", NF4TUNE_GRACE_S="3")
+def _kill_mid_trial(url, argv, env):
+    """Start the search, kill it (and its measuring worker) while a trial is being measured, after a few are
+    done; return (done, running) as the database held them just before the kill."""
     proc = subprocess.Popen(argv, env=env, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -69,7 +67,22 @@ def test_the_cli_search_killed_mid_trial_resumes_without_losing_a_trial(tmp_path
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert running and _states(url)[1] == running
+    return done, running
+
+
+def test_the_cli_search_killed_mid_trial_resumes_without_losing_a_trial(tmp_path):
+    env = _env(NF4TUNE_HEARTBEAT_S="1", NF4TUNE_GRACE_S="3")
+    for attempt in range(3):
+        url = f"sqlite:///{tmp_path / f'killed{attempt}.db'}"
+        argv = [sys.executable, "-m", "tuner.cli", "search", "--shape", "1024x1024", "--trials", "12", "--db", url,
+                "--quiet", "--seed", "3"]
+        done, running = _kill_mid_trial(url, argv, env)
+        after_kill = _states(url)
+        # the trial seen running may finish between that look and the kill (seen once on the H100, session 18):
+        # then nothing was killed mid-trial, and the scenario is run again on a fresh database
+        if not (running and after_kill[1] == [] and set(running) <= set(after_kill[0])):
+            break
+    assert running and after_kill[1] == running
     time.sleep(4)                       # past the grace period
     r = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
