@@ -101,32 +101,35 @@ def explain_matmul(A, quant_state, bias=None) -> Decision:
         return Decision(False, None, f"M={M} is past the decode buckets (<= 64): bnb serves it")
     d = serve_decision(torch.cuda.get_device_name(A.device.index), _problem_of(A, quant_state, dtype, N, K))
     if d.served and torch.are_deterministic_algorithms_enabled():
-        from ..kernel.arch import device_limits
-        from ..kernel.launch import load_kernel
-
-        # the plan serving would build (its parts; stream-K's grid follows the registers), workspace on "meta"
-        g = int(quant_state.state2.blocksize) if quant_state.state2 is not None else 256
-        plan = MatmulPlan(d.choice.config, M, N, K, int(quant_state.blocksize), g, device_limits(A.device.index),
-                          load_kernel(d.choice.config).compiled.registers, device="meta")
+        # the plan serving would build (its parts), its workspace on "meta"
+        _, plan = _new_plan(d.choice.config, M, N, K, quant_state, A.device, workspace_device="meta")
         if plan.parts > 2:
             return Decision(False, d.choice, nondeterministic_reason(plan))
     return d
 
 
+def _new_plan(config, M, N, K, qs, device, workspace_device=None):
+    """The loaded kernel of ``config`` and its launch plan on ``device`` (stream-K's grid follows the
+    kernel's registers); the split-K workspace on ``workspace_device`` (default: ``device``)."""
+    from ..kernel.arch import device_limits
+    from ..kernel.launch import load_kernel
+
+    g = int(qs.state2.blocksize) if qs.state2 is not None else 256
+    kernel = load_kernel(config)
+    return kernel, MatmulPlan(config, M, N, K, int(qs.blocksize), g, device_limits(device.index),
+                              kernel.compiled.registers, workspace_device or device)
+
+
 def _plan(key, config, M, N, K, qs, device):
     import torch
 
-    from ..kernel.arch import device_limits
-    from ..kernel.launch import PackedLaunch, load_kernel
+    from ..kernel.launch import PackedLaunch
 
     if torch.cuda.is_current_stream_capturing():
         raise UnsupportedInput("the launch plan of this shape is built on its first call, which must come before "
                                "a CUDA-graph capture (warm up first)")
-    g = int(qs.state2.blocksize) if qs.state2 is not None else 256
     with torch.cuda.device(device):
-        kernel = load_kernel(config)
-        plan = MatmulPlan(config, M, N, K, int(qs.blocksize), g, device_limits(device.index), kernel.compiled.registers,
-                          device)
+        kernel, plan = _new_plan(config, M, N, K, qs, device)
         built = (PackedLaunch(kernel, plan), plan)
     with _lock:
         _plans[key] = built
