@@ -2,6 +2,7 @@
 
 import os
 import time
+from pathlib import Path
 
 from tuner.tune.trial import TrialOutcome
 
@@ -83,7 +84,24 @@ def fake_gpu_search(spec):
 
     gpu = GPUInfo("Fake GPU", "sm_90", (9, 0), 132, 60 << 20, 141 << 30, "580.1")
     assert os.environ["CUDA_VISIBLE_DEVICES"] in ("0", "1", "5", "7")
+    _wait_for_the_other_workers()
     return search_on_visible_gpu(spec, gpu=gpu, measurer=FakeMeasurer(delay_s=0.05))
+
+
+def _wait_for_the_other_workers(timeout_s=120.0):
+    """A start barrier for tests that check every worker measured something: on 2 busy cores one
+    child can start seconds after the other and find the study already done. Set
+    NF4TUNE_TEST_START_BARRIER=<dir>:<count> to make each worker wait until <count> have started."""
+    spec = os.environ.get("NF4TUNE_TEST_START_BARRIER")
+    if not spec:
+        return
+    folder, count = spec.rsplit(":", 1)
+    Path(folder, f"started-{os.environ['CUDA_VISIBLE_DEVICES']}").touch()
+    deadline = time.monotonic() + timeout_s
+    while len(list(Path(folder).glob("started-*"))) < int(count):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(list(Path(folder).glob('started-*')))} of {count} workers started")
+        time.sleep(0.02)
 
 
 def fake_gpu_search_failing_on_1(spec):

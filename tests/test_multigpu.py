@@ -24,11 +24,19 @@ def child_path(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
 
 
+@pytest.fixture
+def start_together(tmp_path, monkeypatch):
+    """The two fake workers start measuring together (see fakes._wait_for_the_other_workers)."""
+    folder = tmp_path / "barrier"
+    folder.mkdir()
+    monkeypatch.setenv("NF4TUNE_TEST_START_BARRIER", f"{folder}:2")
+
+
 def _trials(url, problem):
     return optuna.load_study(study_name=study_name("Fake GPU", problem), storage=url).get_trials(deepcopy=False)
 
 
-def test_two_gpu_workers_fill_the_shared_studies_with_distinct_trials(tmp_path, child_path):
+def test_two_gpu_workers_fill_the_shared_studies_with_distinct_trials(tmp_path, child_path, start_together):
     url = f"sqlite:///{tmp_path / 'multi.db'}"
     problems = [Problem((1024, 1024)), Problem((2048, 1024))]
     lines = []
@@ -94,7 +102,8 @@ def test_cli_gpus_is_checked_before_any_work(tmp_path, capsys, monkeypatch):
     assert not db.exists()
 
 
-def test_cli_gpus_runs_a_worker_per_gpu_and_fails_when_one_fails(tmp_path, capsys, monkeypatch, child_path):
+def test_cli_gpus_runs_a_worker_per_gpu_and_fails_when_one_fails(tmp_path, capsys, monkeypatch, child_path,
+                                                                 start_together):
     from tuner.kernel import gpu as gpu_mod
 
     monkeypatch.setattr(gpu_mod, "visible_gpu_count", lambda: 2)
@@ -108,6 +117,7 @@ def test_cli_gpus_runs_a_worker_per_gpu_and_fails_when_one_fails(tmp_path, capsy
     finished = [t for t in _trials(f"sqlite:///{db}", Problem((512, 512))) if t.state.is_finished()]
     assert len(finished) >= 10 and {t.user_attrs["worker"] for t in finished} == {"gpu0", "gpu1"}
 
+    monkeypatch.delenv("NF4TUNE_TEST_START_BARRIER")             # GPU 1 fails before it would start
     monkeypatch.setattr(multigpu, "DEFAULT_CHILD", "fakes:fake_gpu_search_failing_on_1")
     assert cli.main(["search", "--shape", "256x512", "--trials", "6", "--gpus", "0,1", "--db", str(db),
                      "--quiet"]) == 1
