@@ -8,8 +8,9 @@
 #   tests    every GPU test, 8 workers, then those marked alone (timing host-side launches) without workers
 #            (TEST_FILES: files instead of tests/, TEST_K: a -k selection)
 #   screens  (SCREEN_NEED: the seconds a screen must have left to start, default 75, more to keep time for later steps)
-#            per problem, ci/explore-rows.sh's span-2 sweep (WARPS, UNROLLS, KSPLITS, PREFETCHES, PERSISTS, PQS as
-#            in ci/span-screens.sh) with the served kernel beside; skipped once the deadline is near
+#            per problem, ci/explore-rows.sh's span-2 sweep (WARPS, UNROLLS, KSPLITS, PREFETCHES, PERSISTS, PQS,
+#            LUTS (default pairx; pairx,prmt adds the all-permute decode) as in ci/span-screens.sh) with the
+#            served kernel beside; skipped once the deadline is near
 #   sweep    any part of the space: SWEEP='knob=v1,v2 ...' (no m) screened at each of SWEEP_PROBLEMS (NxK:M)
 #   table    serving entries from this call's screens and those under PRIOR (earlier calls' unpacked
 #            screens.tar.gz), merged into tuner/serve/tuned_configs.json here (bring it back: table.json)
@@ -61,7 +62,7 @@ if want screens; then
   for p in ${PROBLEMS:-28672x8192:1 14336x4096:1}; do
     mt=8; [ "${p##*:}" -gt 4 ] && mt=16
     persists=${PERSISTS:-0,1}; [ "$mt" -eq 16 ] && persists=0      # stream-K takes mtile 8 only
-    screen "$p" explore-rows.sh NAME=span SPANS=2 LOADS=16 LUTS=pairx MTILES=$mt WARPS=${WARPS:-8,16} \
+    screen "$p" explore-rows.sh NAME=span SPANS=2 LOADS=16 LUTS=${LUTS:-pairx} MTILES=$mt WARPS=${WARPS:-8,16} \
       UNROLLS=${UNROLLS:-2} KSPLITS=${KSPLITS:-1,2,4} PQS=${PQS:-0} PREFETCHES=${PREFETCHES:-1,2} PERSISTS=$persists
   done
 fi

@@ -6,8 +6,9 @@
 # bnb). Everything lands in $OUT/span-screens.tar.gz (the device returns at most 8 files) plus
 # $OUT/span-table.json and $OUT/span-screens.txt (each problem's best and the served kernel's ratio).
 # Usage: [PROBLEMS='28672x8192:1 8192x8192:8 ...'] [STAGE_TIMEOUT=60] [WARPS=8,14,16] [UNROLLS=1,2]
-#        [KSPLITS=1,2,4] [PREFETCHES=0,1] [PQS=0] [PERSISTS=0] bash ci/span-screens.sh
-#        (PQS=0,1,2: session 14's prmt_quarters, part of pairx's decode by byte permutes; PERSISTS=0,1: session
+#        [KSPLITS=1,2,4] [PREFETCHES=0,1] [PQS=0] [PERSISTS=0] [LUTS=pairx] bash ci/span-screens.sh
+#        (PQS=0,1,2: session 14's prmt_quarters, part of pairx's decode by byte permutes; LUTS=pairx,prmt adds
+#        the decode by permutes alone (configs pairing prmt with PQS > 0 are refused by the space); PERSISTS=0,1: session
 #        15's stream-K; 16-row batch tiles (M = 8) take no stream-K)
 set -uo pipefail
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
@@ -20,7 +21,7 @@ for p in $PROBLEMS; do
   mt=8; [ "$m" -gt 4 ] && mt=16
   given=$(python3 ci/served_config.py "$shape" "$m") || { echo "span-screens: no served config for $shape M=$m" >&2; exit 1; }
   echo "== $shape M=$m (served: ${given:-bnb})"
-  OUT=$work GIVEN="$given" NAME=span SPANS=2 LOADS=16 LUTS=pairx MTILES=$mt WARPS=${WARPS:-8,14,16} \
+  OUT=$work GIVEN="$given" NAME=span SPANS=2 LOADS=16 LUTS=${LUTS:-pairx} MTILES=$mt WARPS=${WARPS:-8,14,16} \
     UNROLLS=${UNROLLS:-1,2} KSPLITS=${KSPLITS:-1,2,4} PQS=${PQS:-0} PREFETCHES=${PREFETCHES:-0,1} PERSISTS=${PERSISTS:-0} \
     M=$m STAGE_TIMEOUT=${STAGE_TIMEOUT:-60} TABLES= bash "$(dirname "$0")/explore-rows.sh" "$shape" | grep -E "^(exhaustive|given)"
 done 2>&1 | tee "$OUT/span-screens.txt"
