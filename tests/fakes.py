@@ -22,12 +22,15 @@ def synthetic_us(config) -> float:
 class FakeMeasurer:
     """Measures nothing: a synthetic time, and 'invalid' for configs the test names."""
 
-    def __init__(self, invalid=(), delay_s=0.0):
+    def __init__(self, invalid=(), delay_s=0.0, before_first=None):
         self.calls = []
         self.invalid = set(invalid)
         self.delay_s = delay_s
+        self.before_first = before_first      # called once, at the first measurement (a start barrier)
 
     def measure(self, problem, config):
+        if self.before_first is not None and not self.calls:
+            self.before_first()
         self.calls.append(config)
         if self.delay_s:
             time.sleep(self.delay_s)
@@ -84,14 +87,15 @@ def fake_gpu_search(spec):
 
     gpu = GPUInfo("Fake GPU", "sm_90", (9, 0), 132, 60 << 20, 141 << 30, "580.1")
     assert os.environ["CUDA_VISIBLE_DEVICES"] in ("0", "1", "5", "7")
-    _wait_for_the_other_workers()
-    return search_on_visible_gpu(spec, gpu=gpu, measurer=FakeMeasurer(delay_s=0.05))
+    return search_on_visible_gpu(spec, gpu=gpu,
+                                 measurer=FakeMeasurer(delay_s=0.05, before_first=_wait_for_the_other_workers))
 
 
 def _wait_for_the_other_workers(timeout_s=120.0):
     """A start barrier for tests that check every worker measured something: on 2 busy cores one
     child can start seconds after the other and find the study already done. Set
-    NF4TUNE_TEST_START_BARRIER=<dir>:<count> to make each worker wait until <count> have started."""
+    NF4TUNE_TEST_START_BARRIER=<dir>:<count> to make each worker's first measurement (its trial
+    running) wait until <count> workers have reached theirs."""
     spec = os.environ.get("NF4TUNE_TEST_START_BARRIER")
     if not spec:
         return
