@@ -32,9 +32,9 @@ def entries_from_screen(report: dict, origin: str, min_gain: float = 0.0) -> lis
     if peer is None or not ok:
         return []
     best = min(ok, key=lambda r: r["median_us"])
-    given = [r for r in ok if r["label"].startswith("given: ")]
-    if given and best not in given and best["median_us"] >= min(r["median_us"] for r in given) * (1.0 - min_gain):
-        best = min(given, key=lambda r: r["median_us"])
+    served = min((r for r in ok if r["label"].startswith("given: ")), key=lambda r: r["median_us"], default=None)
+    if served is not None and best["median_us"] >= served["median_us"] * (1.0 - min_gain):
+        best = served
     if best["median_us"] >= peer["median_us"]:
         return []
     return [dict(gpu=gpu, family=prob["family"], shape=list(prob["shape"]), dtype=prob["dtype"], quant=prob["quant"],

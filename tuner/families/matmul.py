@@ -488,6 +488,11 @@ class MatmulPlan:
             self.ws = torch.zeros(M * N, dtype=torch.float32, device=device or "cuda")
             self.counters = torch.zeros(tiles * mtiles, dtype=torch.int32, device=device or "cuda")
 
+    @property
+    def order_free(self) -> bool:
+        """Whether every output's sum is the same bits whatever order its parts arrive in (at most two)."""
+        return self.parts <= 2
+
     def constants(self) -> dict:
         return {9: self.ws.data_ptr() if self.ws is not None else 0,
                 10: self.counters.data_ptr() if self.counters is not None else 0,

@@ -103,7 +103,7 @@ def explain_matmul(A, quant_state, bias=None) -> Decision:
     if d.served and torch.are_deterministic_algorithms_enabled():
         # the plan serving would build (its parts), its workspace on "meta"
         _, plan = _new_plan(d.choice.config, M, N, K, quant_state, A.device, workspace_device="meta")
-        if plan.parts > 2:
+        if not plan.order_free:
             return Decision(False, d.choice, nondeterministic_reason(plan))
     return d
 
@@ -150,7 +150,7 @@ def _fused(A, B, qs, out, bias):
     config = d.choice.config
     key = (A.device.index, M, N, K, dtype, qs.quant_type, int(qs.blocksize), qs.state2 is not None, config)
     launch, plan = _plans.get(key) or _plan(key, config, M, N, K, qs, A.device)
-    if plan.parts > 2 and torch.are_deterministic_algorithms_enabled():
+    if not plan.order_free and torch.are_deterministic_algorithms_enabled():
         raise UnsupportedInput(nondeterministic_reason(plan))
     A2 = A if A.is_contiguous() else A.contiguous()
     Bflat = B.reshape(-1) if B.is_contiguous() else B.contiguous().reshape(-1)
