@@ -310,6 +310,8 @@ def _exhaustive(args) -> int:
                               progress=progress_printer(f"[{i + 1}/{len(problems)}] screen {prob.label()}"))
         print(f"{prob.label()}: screened {rep.screened} configs ({rep.failed} failed to load or launch) "
               f"in {rep.screen_seconds:.0f} s; finalists measured with the full harness:")
+        for n, reason in rep.failure_reasons()[:5]:
+            print(f"  failed x{n}: {reason}")
         print(format_report(rep.final), flush=True)
         best = rep.best()
         print(f"exhaustive best: {best.label} {best.median_us:.2f} us" if best else "exhaustive best: none valid")

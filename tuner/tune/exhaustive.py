@@ -18,6 +18,7 @@ its ratio to it, both measured in the same final stage.
 
 from __future__ import annotations
 
+import re
 import secrets
 import statistics
 import time
@@ -39,6 +40,16 @@ class ExhaustiveReport:
     screen_us: dict = field(default_factory=dict)       # config JSON -> median us of the screen
     final: Optional[object] = None                      # tuner.measure.bench.ProblemReport
     compared: dict = field(default_factory=dict)        # label -> config JSON of configs added by the caller
+    failures: dict = field(default_factory=dict)        # config JSON -> why it failed to load or launch
+
+    def failure_reasons(self) -> list:
+        """(count, an example reason) per kind of failure, most frequent first: reasons that differ only in
+        their numbers (bytes, K per split) are one kind."""
+        kinds: dict = {}
+        for reason in self.failures.values():
+            kind = kinds.setdefault(re.sub(r"\d+", "#", reason), [0, reason])
+            kind[0] += 1
+        return sorted((tuple(v) for v in kinds.values()), key=lambda t: (-t[0], t[1]))
 
     def best(self):
         return self.final.best() if self.final else None
@@ -52,7 +63,8 @@ class ExhaustiveReport:
     def to_dict(self) -> dict:
         return dict(problem=self.problem, screened=self.screened, failed=self.failed,
                     screen_seconds=self.screen_seconds, screen_us=self.screen_us,
-                    final=self.final.to_dict() if self.final else None, compared=self.compared)
+                    final=self.final.to_dict() if self.final else None, compared=self.compared,
+                    failures=self.failures)
 
 
 def exhaustive_best(problem: Problem, configs: Optional[Sequence] = None, screen_reps: int = 5,
@@ -74,7 +86,7 @@ def exhaustive_best(problem: Problem, configs: Optional[Sequence] = None, screen
     out = family.new_output(inputs, poison=False)
     flush = l2_flush_buffer()
     screen: dict = {}
-    failed = 0
+    failures: dict = {}
     t0 = time.perf_counter()
     for i, c in enumerate(configs):
         try:
@@ -90,8 +102,10 @@ def exhaustive_best(problem: Problem, configs: Optional[Sequence] = None, screen
                 events.append((e0, e1))
             torch.cuda.synchronize()
             screen[c] = statistics.median(e0.elapsed_time(e1) * 1000.0 for e0, e1 in events)
-        except Exception:  # a failing config is data: counted, and out of the ranking
-            failed += 1
+        except Exception as e:  # a failing config is data: kept with its reason, and out of the ranking
+            # the config's own name, which most messages begin with, is the key already
+            reason = f"{type(e).__name__}: {e}".replace(f"{c.short()}: ", "", 1)
+            failures[c.to_json()] = (reason.splitlines() or [""])[0][:300]
             torch.cuda.synchronize()
         if progress:
             progress(i + 1, len(configs))
@@ -106,6 +120,6 @@ def exhaustive_best(problem: Problem, configs: Optional[Sequence] = None, screen
             chosen.append((label, c))
     final = bench_problem(problem, chosen, seed=seed + 1, **timing)
     return ExhaustiveReport(problem=problem.to_dict(),
-                            screened=len(configs), failed=failed, screen_seconds=seconds,
+                            screened=len(configs), failed=len(failures), screen_seconds=seconds,
                             screen_us={c.to_json(): round(us, 3) for c, us in screen.items()},
-                            final=final, compared={label: c.to_json() for label, c in compare})
+                            final=final, compared={label: c.to_json() for label, c in compare}, failures=failures)
