@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tuner.family import Constraint, Knob
+from tuner.family import Constraint, DeviceLimits, Knob
 from tuner.families import DEQUANT as D, FAMILIES, get
 from tuner.vocabulary import InvalidConfig, Problem
 
@@ -198,3 +198,16 @@ def test_the_pruned_walk_finds_exactly_the_product_filtered_by_every_constraint(
         if sliced:
             walked = [c for c in walked if all(c[group.index(k)] == v for k, v in fix.items())]
         assert walked == brute and brute, group
+
+
+def test_registers_refusal_counts_the_busiest_sub_partition():
+    """A block launches when the SM sub-partition with the most of its warps holds them, registers
+    allocated 256 to a warp: session 20's H100 refused 142 registers x 14 warps (4 warps x 4608 > 16384)
+    although 142 x 448 fits the SM's 65,536."""
+    sm = DeviceLimits(132)
+    assert sm.registers_refusal(128, 14 * 32) is None                 # 4 x 4096 = 16384: fits exactly
+    assert "cannot launch" in sm.registers_refusal(142, 14 * 32)      # rounded to 144: 4 x 4608
+    assert sm.registers_refusal(142, 12 * 32) is None                 # 3 x 4608
+    assert sm.registers_refusal(255, 256) is None                     # 2 x 8192
+    assert sm.registers_refusal(255, 288) is not None                 # 3 x 8192
+    assert DeviceLimits(84, regs_per_sm=32768).registers_refusal(168, 256) is not None

@@ -53,6 +53,20 @@ class DeviceLimits:
     smem_per_block: int = 48 * 1024       # without opting in
     smem_per_block_optin: int = 48 * 1024
 
+    def registers_refusal(self, registers: int, threads: int) -> Optional[str]:
+        """Why a block of ``threads`` at ``registers`` per thread cannot launch (None: it can). A warp's
+        registers are allocated in units of 256 (8 per thread), and a block's warps are spread over the
+        SM's 4 sub-partitions, each with a quarter of the register file: the sub-partition with the most
+        warps must hold them. (Session 20 on the H100: 142 registers x 14 warps fits the SM's 65,536 but not
+        a quarter's 16,384 per 4 warps, and the launch failed with CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES.)"""
+        per_warp = -(-registers * 32 // 256) * 256
+        warps = -(-threads // 32)
+        busiest = -(-warps // 4)
+        if busiest * per_warp > self.regs_per_sm // 4:
+            return (f"{registers} registers x {threads} threads: {busiest} warps of {per_warp} registers on one of "
+                    f"the SM's 4 sub-partitions exceed its {self.regs_per_sm // 4}; the block cannot launch")
+        return None
+
 
 @dataclass(frozen=True)
 class Knob:

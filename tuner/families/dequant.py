@@ -85,9 +85,9 @@ class DequantPlan:
         if c.threads > limits.max_threads_per_block:
             raise UnsupportedInput(f"{c.short()}: {c.threads} threads exceed the device's "
                                    f"{limits.max_threads_per_block} per block")
-        if registers is not None and registers * c.threads > limits.regs_per_sm:
-            raise UnsupportedInput(f"{c.short()}: {registers} registers x {c.threads} threads exceeds the "
-                                   f"{limits.regs_per_sm} registers of an SM; the block cannot launch")
+        refusal = limits.registers_refusal(registers, c.threads) if registers is not None else None
+        if refusal:
+            raise UnsupportedInput(f"{c.short()}: {refusal}")
         self.config = c
         self.n = n
         self.blocksize = blocksize

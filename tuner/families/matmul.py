@@ -384,9 +384,9 @@ class MatmulPlan:
         threads = 32 * (c.warps + (c.feed == "bulk"))      # the bulk feed's producer warp
         if threads > limits.max_threads_per_block:
             raise UnsupportedInput(f"{c.short()}: {threads} threads exceed the device's {limits.max_threads_per_block}")
-        if registers is not None and registers * threads > limits.regs_per_sm:
-            raise UnsupportedInput(f"{c.short()}: {registers} registers x {threads} threads exceeds the "
-                                   f"{limits.regs_per_sm} registers of an SM; the block cannot launch")
+        refusal = limits.registers_refusal(registers, threads) if registers is not None else None
+        if refusal:
+            raise UnsupportedInput(f"{c.short()}: {refusal}")
         self.config = c
         self.ring = c.stages > 0 and c.stats != "tile"     # statistics copied in aligned 4-byte words (check_stats)
         self.M, self.N, self.K = M, N, K

@@ -103,8 +103,8 @@ def exhaustive_best(problem: Problem, configs: Optional[Sequence] = None, screen
             torch.cuda.synchronize()
             screen[c] = statistics.median(e0.elapsed_time(e1) * 1000.0 for e0, e1 in events)
         except Exception as e:  # a failing config is data: kept with its reason, and out of the ranking
-            # the config's own name, which most messages begin with, is the key already
-            reason = f"{type(e).__name__}: {e}".replace(f"{c.short()}: ", "", 1)
+            # the config's own name (most messages begin with it) is the key already: out, so alike reasons group
+            reason = f"{type(e).__name__}: {e}".replace(f"{c.short()}: ", "", 1).replace(c.short(), "the config")
             failures[c.to_json()] = (reason.splitlines() or [""])[0][:300]
             torch.cuda.synchronize()
         if progress:
