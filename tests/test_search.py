@@ -273,12 +273,13 @@ def test_of_workers_opening_a_fresh_study_at_once_exactly_one_queues_the_starts(
 
     _setup(db_url)
     name = study_name(GPU, Problem((2048, 1024)))
+    space = {k: optuna.distributions.CategoricalDistribution(v) for k, v in D.search_space(Problem((2048, 1024))).items()}
     barrier, results = threading.Barrier(4), []
 
     def open_it():
         storage = _storage(db_url)
         barrier.wait()
-        results.append(_open_study(name, storage, optuna.samplers.RandomSampler(seed=0)))
+        results.append(_open_study(name, storage, optuna.samplers.RandomSampler(seed=0), space))
 
     threads = [threading.Thread(target=open_it) for _ in range(4)]
     for t in threads:
@@ -398,3 +399,37 @@ def test_workers_popping_queued_trials_at_once_never_take_the_same_one(db_url):
         t.join(120)
     assert sum(taken.values()) == 60 and [n for n, c in taken.items() if c > 1] == []
     assert sorted(taken) == list(range(60))      # every queued trial taken once, none made anew
+
+
+def test_a_study_of_an_older_search_space_is_continued_in_a_study_of_the_current_one(tmp_path, monkeypatch):
+    """A family whose space changed (a knob value added) cannot add trials to a study begun under the
+    old space (optuna: 'CategoricalDistribution does not support dynamic value space'). The old study
+    keeps its trials; the search goes on in the current space's own study, started from the best
+    config measured so far, and resuming finds that study again."""
+    import optuna
+
+    from tuner.tune.search import load_study, space_study_name
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    repo, run = _setup(url)
+    prob = Problem((2048, 2048))
+    current = D.search_space(prob)
+    param = next(k for k, v in current.items() if len(v) > 2)
+    older = {**current, param: current[param][:-1]}          # the space before its last choice was added
+    monkeypatch.setattr(D, "search_space", lambda problem: older)
+    s1 = run_search(prob, repo=repo, storage_url=url, gpu_name=GPU, run=run, measurer=FakeMeasurer(), n_trials=6,
+                    seed=2)
+    monkeypatch.undo()
+    name = study_name(GPU, prob)
+    assert s1.study == name
+    m = FakeMeasurer()
+    with pytest.warns(UserWarning, match="another search space"):
+        s2 = run_search(prob, repo=repo, storage_url=url, gpu_name=GPU, run=run, measurer=m, n_trials=4, seed=2)
+    dists = {k: optuna.distributions.CategoricalDistribution(v) for k, v in current.items()}
+    assert s2.study == space_study_name(name, dists) != name and s2.trials == 4
+    assert len(optuna.load_study(study_name=name, storage=url).trials) == 6          # the old trials stay
+    new = optuna.load_study(study_name=s2.study, storage=url)
+    assert new.trials[0].user_attrs["config"] == s1.best_config.to_json()            # started from the best
+    assert load_study(prob, storage_url=url, gpu_name=GPU).study_name == s2.study
+    s3 = run_search(prob, repo=repo, storage_url=url, gpu_name=GPU, run=run, measurer=m, n_trials=6, seed=2)
+    assert s3.study == s2.study and s3.trials == 6 and s3.new_trials == 2            # resumed, not forked again

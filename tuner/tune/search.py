@@ -23,6 +23,8 @@ the CUDA context) or a hung kernel becomes an invalid trial and the search goes 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import statistics
 import threading
@@ -32,13 +34,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ..families import get as get_family
-from ..vocabulary import Problem, speedup
+from ..vocabulary import InvalidConfig, Problem, speedup
 from .trial import Measurer, TrialOutcome
 
 __all__ = ["study_name", "TrialOutcome", "Measurer", "SearchSummary", "run_search", "run_searches", "SearchRun",
            "make_sampler", "SAMPLERS", "fail_stale_trials",
            "nearest_best", "refine_trials", "HEARTBEAT_S", "GRACE_S", "heartbeat_settings", "summarize_study",
-           "load_study"]
+           "load_study", "space_key", "space_study_name"]
 
 SAMPLERS = ("tpe", "gp", "random", "grid")
 #: a measuring worker records a heartbeat this often; a RUNNING trial whose heartbeat is older
@@ -194,16 +196,49 @@ class _Heartbeat:
         self._thread.join(timeout=self._interval + 5)
 
 
-def _open_study(name: str, storage, sampler):
+def space_key(distributions: dict) -> str:
+    """A short hash of a search space (each parameter's choices, in order)."""
+    text = json.dumps({k: [str(c) for c in d.choices] for k, d in sorted(distributions.items())})
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _fits_space(study, distributions: dict) -> bool:
+    """Whether ``study`` can take trials drawn from ``distributions``: optuna refuses a parameter
+    whose choices differ from those of the study's earlier trials ("CategoricalDistribution does not
+    support dynamic value space"), which happens once the family's space changed since the study
+    began (a knob value added, a constraint changed)."""
+    if study.user_attrs.get("space") == space_key(distributions):
+        return True
+    return all(distributions.get(p, d) == d for t in study.get_trials(deepcopy=False)
+               for p, d in t.distributions.items())
+
+
+def _open_study(name: str, storage, sampler, distributions: dict):
     """(study, created): the study ``name``, made by this call when ``created``. create_study
     inserts the unique study name, so of several workers opening a fresh study at once exactly
-    one gets ``created``; the others load what it made."""
+    one gets ``created``; the others load what it made. A study begun under another search space
+    (:func:`_fits_space`) keeps its trials, and the search goes on in the study ``name [space
+    KEY]`` of the current space (:func:`space_study_name`), made the same way."""
     import optuna
 
-    try:
-        return optuna.create_study(study_name=name, storage=storage, direction="minimize", sampler=sampler), True
-    except optuna.exceptions.DuplicatedStudyError:
-        return optuna.load_study(study_name=name, storage=storage, sampler=sampler), False
+    for candidate in (name, space_study_name(name, distributions)):
+        try:
+            study = optuna.create_study(study_name=candidate, storage=storage, direction="minimize", sampler=sampler)
+            study.set_user_attr("space", space_key(distributions))
+            if candidate != name:
+                warnings.warn(f"study {name!r} began under another search space of the family (its trials stay "
+                              f"there); the search goes on in the new study {candidate!r}", stacklevel=2)
+            return study, True
+        except optuna.exceptions.DuplicatedStudyError:
+            study = optuna.load_study(study_name=candidate, storage=storage, sampler=sampler)
+        if _fits_space(study, distributions):
+            return study, False
+    raise RuntimeError(f"study {study.study_name!r} holds trials of another search space under its space's own name")
+
+
+def space_study_name(name: str, distributions: dict) -> str:
+    """The name of the study that continues ``name`` when the family's search space changed."""
+    return f"{name} [space {space_key(distributions)}]"
 
 
 def _wait_for_twin(study, number: int, grace_s: float, poll_s: float = 0.02, max_poll_s: float = 0.5,
@@ -313,7 +348,7 @@ def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials
     distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()}
     name = study_name(gpu_name, problem)
     storage = _storage(storage_url)
-    study, created = _open_study(name, storage, make_sampler(sampler, seed, space))
+    study, created = _open_study(name, storage, make_sampler(sampler, seed, space), distributions)
     stale = fail_stale_trials(study)
     if created:
         # start from known good points: the built-in default, the presets and the best of the
@@ -325,6 +360,12 @@ def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials
         near = nearest_best(repo, gpu_name, problem)
         if near is not None:
             starts.insert(0, near)
+        own = repo.best(gpu_name, problem) if study.study_name != name else None   # a study of an older space measured it
+        if own is not None:
+            try:
+                starts.insert(0, family.from_dict(own[0]))
+            except InvalidConfig:                # a config the current space no longer holds
+                pass
         for c in dict.fromkeys(starts):
             study.enqueue_trial(family.params_from_config(c), skip_if_exists=True)
     limit = min(n_trials, family.grid_size(problem)) if sampler == "grid" else n_trials
@@ -424,10 +465,16 @@ def summarize_study(problem: Problem, *, repo, study, gpu_name: str, new_trials:
 
 
 def load_study(problem: Problem, *, storage_url: str, gpu_name: str):
-    """The optuna study of ``problem`` on ``gpu_name`` at ``storage_url``."""
+    """The optuna study a search of ``problem`` on ``gpu_name`` at ``storage_url`` adds to: the one
+    of the family's current search space (:func:`_open_study`)."""
     import optuna
 
-    return optuna.load_study(study_name=study_name(gpu_name, problem), storage=_storage(storage_url))
+    storage = _storage(storage_url)
+    name = study_name(gpu_name, problem)
+    space = get_family(problem.family).search_space(problem)
+    keyed = space_study_name(name, {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()})
+    names = {str(s.study_name) for s in optuna.get_all_study_summaries(storage=storage, include_best_trial=False)}
+    return optuna.load_study(study_name=keyed if keyed in names else name, storage=storage)
 
 
 def refine_trials(n_trials: int) -> int:
