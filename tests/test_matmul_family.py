@@ -888,3 +888,39 @@ def test_stream_k_slices_keep_the_one_slice_loop(compile_cache):
     for op in ("HMMA", "LDG"):
         assert dict(group[1].mix).get(op) == dict(group[0].mix).get(op), op
     assert group[1].path <= 1.1 * group[0].path, (group[0].path, group[1].path)
+
+
+def test_the_32_row_batch_tile_of_mma_rows(compile_cache):
+    """mtile 32 (4 n8 tiles; session 20): mma-rows only, 16 batch rows per CTA at span 2 (16-byte loads at
+    batch 16: W read once, where mtile 16 at span 2 holds 8 rows and reads it twice) and 32 at span 1; refused
+    where the batch fills at most half of it; the plan's grid and stage count mtile / span batch rows; the
+    sources compile for sm_90 without spilling."""
+    from tuner.families.matmul import rows_stage_bytes
+    from tuner.kernel.compiler import compile_config
+
+    rows = dict(mma="mma-rows", rows_per_warp=16, mtile=32, scale="block", astage="shared", lut="pairx", warps=8,
+                unroll=2, prefetch=1)
+    sp2 = MM.config(**rows, load_bytes=16, span=2, m=16)
+    sp1 = MM.config(**rows, load_bytes=8, m=32)
+    assert sp2.short().startswith("mma-rows 16B r16 m32 w8") and sp1.mtile == 32
+    assert MM.config(**rows, load_bytes=8, m=64).mtile == 32                      # two tiles at batch 64
+    with pytest.raises(InvalidConfig, match="wastes half"):
+        MM.config(**rows, load_bytes=16, span=2, m=8)                             # mtile 16 serves batch 8
+    with pytest.raises(InvalidConfig, match="wastes half"):
+        MM.config(**rows, load_bytes=8, m=16)                                     # mtile 16 serves batch 16
+    with pytest.raises(InvalidConfig, match="tiles the batch by 8, 16 \\(n8"):
+        MM.config(mma="mma-ks", load_bytes=16, rows_per_warp=16, mtile=32, scale="block", lut="pair", m=32)
+    with pytest.raises(InvalidConfig, match="at most 8"):
+        MM.config(load_bytes=4, rows_per_warp=1, mtile=32, m=32)                  # SIMT
+    assert {c.mtile for c in MM.iter_space(dtype=["bf16"], quant=["nf4"], m=[16], mma=["mma-rows"])} >= {16, 32}
+    # at batch 8 only span 4 (8 batch rows x 4 parts) takes it
+    assert {c.span for c in MM.iter_space(dtype=["bf16"], quant=["nf4"], m=[8]) if c.mtile == 32} == {4}
+
+    h200 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
+    p = MatmulPlan(sp2.replace(ksplit=2), 20, 1001, 8192, 64, 256, h200, device="cpu")    # 20 rows: 2 tiles of 16
+    assert p.grid == (-(-1001 // (8 * 16)), 2, 2) and p.smem == 64 * 1024 + rows_stage_bytes(4096, 16)
+    with pytest.raises(UnsupportedInput, match="shared memory"):                  # 32 rows of K = 8192: 512 KiB
+        MatmulPlan(sp1, 32, 4096, 8192, 64, 256, h200, device="cpu")
+    for cfg in (sp2, sp1, sp1.replace(rows_per_warp=32, unroll=1, m=64)):
+        k = compile_config(cfg, "sm_90", cache_dir=compile_cache)
+        assert not k.spill_stores and cfg.warps * 32 * k.registers <= 65536, (cfg.short(), k.registers)

@@ -183,6 +183,14 @@ CONFIGS = [
              lut="pair", astage="shared", unroll=4, persist=1)),
     (4, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=4, ksplit=1, scale="block",
              lut="prmt", astage="shared", unroll=1, prefetch=1, span=2, persist=1, wload="plain")),
+    # ... the 32-row batch tile (4 n8 tiles, session 20): 16 batch rows of span 2 at batch 16 with split-K, 32 of
+    # span 1 at batch 32, and two tiles of 32 at batch 64 (the gate's batch below each tile's multiple)
+    (16, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=32, warps=8, ksplit=2, scale="block",
+              lut="pairx", astage="shared", unroll=2, prefetch=1, span=2)),
+    (32, dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=32, warps=4, ksplit=2, scale="block",
+              lut="pair", astage="shared", unroll=2)),
+    (64, dict(mma="mma-rows", load_bytes=8, rows_per_warp=32, mtile=32, warps=8, ksplit=4, scale="block",
+              lut="pairx", astage="shared", unroll=1, prefetch=1)),
 ]
 #: the stream-K configs
 STREAM_K_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("mma") == "mma-rows" and k.get("persist")]

@@ -79,8 +79,9 @@ def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
         path, rows, scaled = _ROW_OPERAND_PATHS[mma]
         if rows_per_warp not in (16, 32):
             return f"the {path} tensor-core path takes 16 or 32 {rows} (m16 tiles)"
-        if mtile not in (8, 16):
-            return f"the {path} tensor-core path tiles the batch by 8 or 16 (n8 tiles)"
+        tiles = (8, 16, 32) if mma == "mma-rows" else (8, 16)
+        if mtile not in tiles:
+            return f"the {path} tensor-core path tiles the batch by {', '.join(map(str, tiles))} (n8 tiles)"
         if scale != "block":
             return f"the {path} tensor-core path scales once per {scaled}"
         if dtype == "fp32":
@@ -317,11 +318,11 @@ def _tile_fits_batch(mma, mtile, m, span):
         if mtile // span < m:
             return (f"span {span} leaves {mtile // span} batch rows of mtile {mtile} per CTA, fewer than the batch "
                     f"bucket {m}: W would be read {-(-m // (mtile // span))} times")
-        if mtile == 16 and m <= 8 // span:
-            return f"a 16-row batch tile wastes half the tensor core at batch {m} (span {span})"
+        if mtile >= 16 and m <= mtile // span // 2:
+            return f"a {mtile}-row batch tile wastes half the tensor core at batch {m} (span {span})"
         return None
-    if mma != "simt" and mtile == 16 and m <= 8:
-        return f"a 16-row batch tile wastes half the tensor core at batch {m}"
+    if mma != "simt" and mtile >= 16 and m <= mtile // 2:
+        return f"a {mtile}-row batch tile wastes half the tensor core at batch {m}"
     return None
 
 
@@ -590,7 +591,7 @@ class MatmulFamily(Family):
              help="bytes of W one lane loads per row per step (8, 16 or 32 values)"),
         Knob("rows_per_warp", (1, 2, 4, 8, 16, 32, 64), "source", "NF4T_RPW", label="r{}",
              help="rows of W per warp (SIMT: loads in flight; MMA: m16 tiles), all reusing one load of A"),
-        Knob("mtile", (1, 2, 4, 8, 16), "source", "NF4T_MTILE", label="m{}", help="rows of A per CTA"),
+        Knob("mtile", (1, 2, 4, 8, 16, 32), "source", "NF4T_MTILE", label="m{}", help="rows of A per CTA"),
         Knob("warps", (1, 2, 4, 8, 12, 14, 16), "launch", label="w{}",
              help="warps per CTA (12, 14, 16: SIMT and mma-rows only, one pair table and one stage of A for more warps; 12 and 14 "
                   "change how many rows a wave of resident CTAs covers, and so the last wave's fill)"),
@@ -658,8 +659,8 @@ class MatmulFamily(Family):
         "mma: load_bytes 16, rows_per_warp 16/32/64, mtile 8/16, scale value, dtype bf16/fp16",
         "simt: rows_per_warp <= 32, mtile <= 8, mtile*2*load_bytes <= 64 registers of A, "
         "rows_per_warp*load_bytes <= 128 bytes in flight, mtile*rows_per_warp <= 32 accumulators",
-        "simt: mtile <= the batch bucket m; mma, mma-ks, mma-rows: mtile 8 when m <= 8 (mma-rows with span: "
-        "mtile / span batch rows per CTA, at least m; mtile 8 when m <= 8 / span)",
+        "simt: mtile <= the batch bucket m; mma, mma-ks, mma-rows: no tile of 16 or more rows that the batch "
+        "fills at most half of (mma-rows with span: mtile / span batch rows per CTA, at least m)",
         "warps 12, 14, 16: simt and mma-rows only",
         "mma-ks: rows_per_warp 16/32 (rows per CTA), mtile 8/16, scale block, A global, dtype bf16/fp16, "
         "warps*rows*mtile <= 2048, loads in flight <= 128 registers, the ring (stages) <= 160 KiB and without "
@@ -669,7 +670,7 @@ class MatmulFamily(Family):
         "shared-memory opt-in)",
         "lut pairf: simt only (float pairs; its table needs the shared-memory opt-in)",
         "lut pairmix: simt only, bf16/fp16 (float and 16-bit pairs; its table needs the shared-memory opt-in)",
-        "mma-rows: rows_per_warp 16/32 (rows per warp), mtile 8/16, scale block, A shared, lut pair/pairx/prmt, "
+        "mma-rows: rows_per_warp 16/32 (rows per warp), mtile 8/16/32, scale block, A shared, lut pair/pairx/prmt, "
         f"dtype bf16/fp16, loads in flight <= {ROWS_MAX_LOAD_REGISTERS} registers; warps up to 16; unroll, "
         "persist (stream-K: rows_per_warp 16, mtile 8; ksplit: CTAs per resident slot), no stages/feed/stats; "
         "span 2/4 only here, "
