@@ -473,8 +473,7 @@ def load_study(problem: Problem, *, storage_url: str, gpu_name: str):
     name = study_name(gpu_name, problem)
     space = get_family(problem.family).search_space(problem)
     keyed = space_study_name(name, {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()})
-    names = {str(s.study_name) for s in optuna.get_all_study_summaries(storage=storage, include_best_trial=False)}
-    return optuna.load_study(study_name=keyed if keyed in names else name, storage=storage)
+    return optuna.load_study(study_name=keyed if keyed in optuna.get_all_study_names(storage) else name, storage=storage)
 
 
 def refine_trials(n_trials: int) -> int:
