@@ -202,12 +202,19 @@ def space_key(distributions: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _fits_space(study, distributions: dict) -> bool:
+def _distributions(space: dict) -> dict:
+    """optuna's distributions of a family's search space (:meth:`tuner.family.Family.search_space`)."""
+    import optuna
+
+    return {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()}
+
+
+def _fits_space(study, distributions: dict, key: str) -> bool:
     """Whether ``study`` can take trials drawn from ``distributions``: optuna refuses a parameter
     whose choices differ from those of the study's earlier trials ("CategoricalDistribution does not
     support dynamic value space"), which happens once the family's space changed since the study
-    began (a knob value added, a constraint changed)."""
-    if study.user_attrs.get("space") == space_key(distributions):
+    began (a knob value added, a constraint changed). ``key``: :func:`space_key` of ``distributions``."""
+    if study.user_attrs.get("space") == key:
         return True
     return all(distributions.get(p, d) == d for t in study.get_trials(deepcopy=False)
                for p, d in t.distributions.items())
@@ -221,17 +228,18 @@ def _open_study(name: str, storage, sampler, distributions: dict):
     KEY]`` of the current space (:func:`space_study_name`), made the same way."""
     import optuna
 
+    key = space_key(distributions)
     for candidate in (name, space_study_name(name, distributions)):
         try:
             study = optuna.create_study(study_name=candidate, storage=storage, direction="minimize", sampler=sampler)
-            study.set_user_attr("space", space_key(distributions))
+            study.set_user_attr("space", key)
             if candidate != name:
                 warnings.warn(f"study {name!r} began under another search space of the family (its trials stay "
                               f"there); the search goes on in the new study {candidate!r}", stacklevel=2)
             return study, True
         except optuna.exceptions.DuplicatedStudyError:
             study = optuna.load_study(study_name=candidate, storage=storage, sampler=sampler)
-        if _fits_space(study, distributions):
+        if _fits_space(study, distributions, key):
             return study, False
     raise RuntimeError(f"study {study.study_name!r} holds trials of another search space under its space's own name")
 
@@ -345,7 +353,7 @@ def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials
     family.check_problem(problem)
     th = template_hash or family.template_hash()
     space = family.search_space(problem)
-    distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()}
+    distributions = _distributions(space)
     name = study_name(gpu_name, problem)
     storage = _storage(storage_url)
     study, created = _open_study(name, storage, make_sampler(sampler, seed, space), distributions)
@@ -471,8 +479,7 @@ def load_study(problem: Problem, *, storage_url: str, gpu_name: str):
 
     storage = _storage(storage_url)
     name = study_name(gpu_name, problem)
-    space = get_family(problem.family).search_space(problem)
-    keyed = space_study_name(name, {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()})
+    keyed = space_study_name(name, _distributions(get_family(problem.family).search_space(problem)))
     return optuna.load_study(study_name=keyed if keyed in optuna.get_all_study_names(storage) else name, storage=storage)
 
 
