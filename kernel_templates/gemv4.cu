@@ -116,6 +116,15 @@
 //                block once per CTA; a thread issues the loads of 8 entries before it decodes them), and a lane's
 //                scale is then one ld.shared per row and window: no statistics' addresses, loads or decode
 //                in the loop, and no statistics registers in flight (the per-warp ring copies W only).
+//   NF4T_MAXNREG mma-rows without stream-K: 0 no cap; N: __maxnreg__(N), at most N registers a thread, so
+//                that more warps fit an SM's four register sub-partitions (16,384 registers each, allocated
+//                256 a warp: 80 registers fit 6 warps a sub-partition, 72 fit 7, against 4 at 104-128).
+//                Session 23's profile (H100, M = 16): the served kernel (8-byte loads, 16-row batch tile,
+//                unroll 4) runs one CTA of 14 warps an SM at 103 registers, latency-bound (21.6% occupancy,
+//                long-scoreboard stalls first). Capped at 80 (NVRTC 13.5, sm_90) it spills 72 bytes, 45
+//                instructions of them in its loops; unroll 2 spills 4. A's stage must shrink too (ksplit 4
+//                or 8) for a second or third CTA an SM. Spills go to local memory (L1): the cap trades them
+//                for warps; the sweep decides.
 //   NF4T_ACT     0 bf16, 1 fp16, 2 fp32 activations (and output, bias)
 //   NF4T_QUANT   0 nf4, 1 fp4
 // Launch knobs (not macros): threads per CTA (WARPS x 32, read as blockDim.x) and the split-K
@@ -1853,6 +1862,9 @@ __device__ __noinline__ void rows_segment(const act_t* __restrict__ A, const u8*
 // stream-K: at most 16 warps per CTA (the family's largest); without the bound the call to rows_segment took
 // 159 registers (16 warps need at most 128); with it the slice's loop keeps its registers (no spills in it)
 extern "C" __global__ void __launch_bounds__(512) nf4t_matmul(NF4T_MATMUL_PARAMS) {
+#elif NF4T_MAXNREG > 0
+// NF4T_MAXNREG: the registers a thread may take, capped so that more warps fit an SM (see the header)
+extern "C" __global__ void __maxnreg__(NF4T_MAXNREG) nf4t_matmul(NF4T_MATMUL_PARAMS) {
 #else
 extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
 #endif

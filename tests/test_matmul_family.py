@@ -272,7 +272,7 @@ def test_a_sample_of_the_space_compiles_for_hopper_blackwell_and_rtx50(compile_c
 
 def test_every_three_source_knob_values_together_compile_for_sm90(compile_cache):
     """A covering sample of the bf16/nf4 matmul space: every combination of 3 source-knob values
-    that some source has (251 of about 10,300 sources); the whole space is the slow test below."""
+    that some source has (272 of about 14,400 sources); the whole space is the slow test below."""
     import os
 
     from tuner.kernel.compiler import compile_many
@@ -752,6 +752,44 @@ def test_prmt_quarters_move_a_quarter_of_the_lookups_each_to_permutes(compile_ca
                 dict(rows, load_bytes=4, span=1, unroll=1)):
         with pytest.raises(InvalidConfig, match="prmt_quarters"):
             MM.config(**dict(bad, prmt_quarters=1))
+
+
+def test_a_register_cap_bounds_the_registers_and_fits_more_warps(compile_cache):
+    """regcap (session 24) renders __maxnreg__ on mma-rows' kernel (sm_90): the served M = 16 shape of the H100
+    (8-byte loads, unroll 4, no prefetch) takes more than 80 registers uncapped and at most the cap with it, so
+    an SM's register sub-partitions hold 6 of its warps (cap 80) or 7 (cap 72) where they hold 4 uncapped; the
+    cap keeps the loop's HMMAs and W loads. Refused off mma-rows and with stream-K."""
+    from tuner.kernel.compiler import compile_config
+    from tuner.kernel.sass import disassemble, find_nvdisasm, loops
+
+    rows = dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=16, warps=12, ksplit=4, scale="block",
+                lut="pair", astage="shared", unroll=4, prefetch=0, m=16)
+    uncapped = MM.config(**rows)
+    assert MM.macros(uncapped)["NF4T_MAXNREG"] == 0 and "rc" not in uncapped.short()
+    free = compile_config(uncapped, "sm_90", cache_dir=compile_cache)
+    assert free.registers > 80 and not free.spill_stores, free.registers
+    assert LIMITS.registers_refusal(free.registers, 6 * 4 * 32) is not None    # 6 warps a sub-partition: no
+    try:
+        find_nvdisasm()
+        sass = True
+    except FileNotFoundError:
+        sass = False
+    for cap, warps_per_sm in ((80, 24), (72, 28)):
+        c = MM.config(**rows, regcap=cap)
+        assert MM.macros(c)["NF4T_MAXNREG"] == cap and f" rc{cap} " in c.short(), c.short()
+        k = compile_config(c, "sm_90", cache_dir=compile_cache)
+        assert k.registers <= cap, (cap, k.registers)
+        assert LIMITS.registers_refusal(k.registers, warps_per_sm * 32) is None, (cap, k.registers)
+        if sass:
+            capped_loop = min(loops(disassemble(k.cubin), min_len=150), key=lambda lp: lp.path)
+            free_loop = min(loops(disassemble(free.cubin), min_len=150), key=lambda lp: lp.path)
+            for op in ("HMMA", "LDG"):
+                assert dict(capped_loop.mix).get(op) == dict(free_loop.mix).get(op), (cap, op)
+    for bad in (dict(rows, persist=1, mtile=8, m=8), dict(mma="simt", m=1),
+                dict(mma="mma-ks", load_bytes=8, rows_per_warp=32, mtile=8, warps=8, lut="pair", scale="block",
+                     unroll=2, m=8)):
+        with pytest.raises(InvalidConfig, match="regcap"):
+            MM.config(**dict(bad, regcap=80))
 
 
 def test_two_groups_ahead_fit_a_16_warp_cta_and_keep_the_loop(compile_cache):

@@ -191,6 +191,12 @@ CONFIGS = [
               lut="pair", astage="shared", unroll=2)),
     (64, dict(mma="mma-rows", load_bytes=8, rows_per_warp=32, mtile=32, warps=8, ksplit=4, scale="block",
               lut="pairx", astage="shared", unroll=1, prefetch=1)),
+    # ... with a register cap (regcap, session 24): the served M = 16 shape of the H100 (8-byte loads, unroll 4,
+    # no prefetch) at 80 registers (it spills), and unroll 2 with the prefetch at 72 at batch 8
+    (16, dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=16, warps=12, ksplit=2, scale="block",
+              lut="pair", astage="shared", unroll=4, regcap=80)),
+    (8, dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=8, warps=8, ksplit=2, scale="block",
+             lut="pairx", astage="shared", unroll=2, prefetch=1, regcap=72)),
 ]
 #: the stream-K configs
 STREAM_K_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("mma") == "mma-rows" and k.get("persist")]
@@ -198,6 +204,8 @@ STREAM_K_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("mma") == "mm
 PRMTQ_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("prmt_quarters", 0)]
 #: the configs that load two groups ahead
 AHEAD2_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("prefetch", 0) == 2]
+#: the configs with a register cap
+REGCAP_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("regcap", 0)]
 #: the configs with windows over several blocks (span > 1), each served at one blocksize
 SPAN_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("span", 1) > 1]
 
@@ -314,6 +322,14 @@ def test_two_groups_ahead_give_one_group_aheads_sums_bit_for_bit(seed, index):
     atomics' arrival order: session 16's H100 saw fp16 at split-K 16 round apart)."""
     m, knobs = CONFIGS[index]
     _same_output_as(seed, m, knobs, dict(prefetch=1))
+
+
+@pytest.mark.parametrize("index", REGCAP_CONFIGS)
+def test_a_register_cap_gives_the_uncapped_sums_bit_for_bit(seed, index):
+    """regcap only changes where ptxas keeps values (registers or local memory): the same instructions' results
+    in the same order, so the output is the uncapped config's bit for bit (split-K 2: order-free)."""
+    m, knobs = CONFIGS[index]
+    _same_output_as(seed, m, knobs, dict(regcap=0))
 
 
 @pytest.mark.parametrize("index", STREAM_K_CONFIGS)

@@ -52,6 +52,10 @@ ROWS_MAX_LOAD_REGISTERS = 48
 #: the span loop's 16-row groups of 2 windows (60). NVRTC 13 (sm_90): 127 registers at batch tile 8 (16 warps
 #: fit), 162 with the 16-row batch tile (12 warps at most: a larger CTA is refused at plan time)
 ROWS_MAX_LOAD_REGISTERS_TWO_AHEAD = 64
+#: mma-rows' register caps (the regcap knob; 0: none). Each is the largest count that fits one more warp a
+#: register sub-partition (16,384 registers, 256 a warp): 80 fits 6, 72 fits 7 (104-128 fit 4, 96 fits 5,
+#: which no CTA size of the warps knob turns into more warps an SM than 16)
+REGCAPS = (0, 80, 72)
 
 
 #: the tensor-core paths with W's rows as the mma's M: (name in messages, what rows_per_warp counts,
@@ -306,6 +310,13 @@ def stream_k_parts(tiles: int, groups: int, ctas: int) -> list:
     units = tiles * groups
     return [stream_k_cta((r + 1) * groups - 1, units, ctas) - stream_k_cta(r * groups, units, ctas) + 1
             for r in range(tiles)]
+
+
+def _regcap_path(mma, persist, regcap):
+    if regcap and (mma != "mma-rows" or persist):
+        # stream-K's kernel is bound to 512 threads by __launch_bounds__, which __maxnreg__ cannot join
+        return "regcap (a register cap) is a knob of the row-tile tensor-core path without stream-K (mma-rows, persist 0)"
+    return None
 
 
 def _tile_fits_batch(mma, mtile, m, span):
@@ -640,6 +651,10 @@ class MatmulFamily(Family):
              help="mma-ks, register feed or per-warp ring: lanes: every lane loads (or copies) and decodes its "
                   "rows' statistics with each window; tile: the CTA decodes the row tile's scales for its K slice "
                   "into shared memory first (each block once), a lane's scale is then one shared-memory load"),
+        Knob("regcap", REGCAPS, "source", "NF4T_MAXNREG", label="rc{}", hidden=(0,),
+             help="mma-rows without stream-K: 0 no cap; N: at most N registers a thread (__maxnreg__), so that "
+                  "more warps fit an SM (80: 6 warps a register sub-partition, 72: 7, against 4 at 104-128); "
+                  "spills go to local memory"),
         Knob("dtype", DTYPES, "problem", "NF4T_ACT", help="activation (and output) dtype"),
         Knob("quant", QUANTS, "problem", "NF4T_QUANT", help="4-bit code: nf4 or fp4"),
         Knob("m", M_BUCKETS, "problem", label="", help="the batch bucket the config is tuned for (not in the source)"),
@@ -650,6 +665,7 @@ class MatmulFamily(Family):
         Constraint(("mma", "load_bytes", "prefetch"), _prefetch_path),
         Constraint(("mma", "persist", "rows_per_warp", "mtile"), _stream_k_shape),
         Constraint(("mma", "warps"), _warps_path),
+        Constraint(("mma", "persist", "regcap"), _regcap_path),
         Constraint(("mma", "lut", "dtype"), _lut_path),
         Constraint(("mma", "lut", "load_bytes", "prmt_quarters"), _prmt_mix),
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "warps", "astage", "unroll", "persist",
@@ -677,12 +693,13 @@ class MatmulFamily(Family):
         "with parts of at least 32 values (8 x load_bytes >= 32 x span); plan time: span == max(1, 8 x "
         "load_bytes / blocksize), A's stage fits the opt-in",
         "prmt_quarters 1/2: mma-rows with lut pairx and 8- or 16-byte loads only",
+        "regcap 80/72: mma-rows without stream-K (persist 0) only",
         f"prefetch 2: mma-rows with 16-byte loads only, loads in flight <= {ROWS_MAX_LOAD_REGISTERS_TWO_AHEAD} registers",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
                     astage="global", scale="block", wload="stream", prefetch=0, unroll=1, span=1, prmt_quarters=0, persist=0, stages=0,
-                    feed="lanes", stats="lanes",
+                    feed="lanes", stats="lanes", regcap=0,
                     dtype="bf16",
                     quant="nf4", m=1)
     presets = {
@@ -692,7 +709,7 @@ class MatmulFamily(Family):
     }
     refine_order = ("ksplit", "warps", "rows_per_warp", "prefetch", "wload", "scale", "load_bytes", "mtile", "mma",
                     "lut", "astage", "unroll", "span", "prmt_quarters", "persist", "stages",
-                    "feed", "stats")
+                    "feed", "stats", "regcap")
     peer_label = REF_BNB_MATMUL
     ceiling_label = REF_READ
     problem_knobs = {"dtype": "dtype", "quant": "quant", "m": "m"}
