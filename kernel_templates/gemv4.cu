@@ -125,6 +125,15 @@
 //                instructions of them in its loops; unroll 2 spills 4. A's stage must shrink too (ksplit 4
 //                or 8) for a second or third CTA an SM. Spills go to local memory (L1): the cap trades them
 //                for warps; the sweep decides.
+//   NF4T_ACHUNK  mma-rows: 0 a window's runs of A are read from shared memory at once, LOAD registers a batch
+//                tile (8 batch rows) held through the window's k-steps; 1 one 16-byte chunk at a time (its
+//                loads for every batch tile, then its two k-steps): 4 registers a batch tile. Session 24 (CPU,
+//                NVRTC 13.5, sm_90): the served M = 16 kernel (8-byte loads, unroll 4) 109 -> 89 registers, the
+//                16-byte span-2 kernel with the 32-row batch tile 182 -> 128, M = 8's 135 -> 103, no spills: a
+//                window's A was the largest live set (LOAD x NT registers; the asm volatile loads and mmas keep
+//                their order, so all of a window's loads were issued, and live, before its first mma). The
+//                mmas run in the same order: the same sums bit for bit. The shared loads' latency is then
+//                exposed per chunk, hidden by the warps the registers free.
 //   NF4T_ACT     0 bf16, 1 fp16, 2 fp32 activations (and output, bias)
 //   NF4T_QUANT   0 nf4, 1 fp4
 // Launch knobs (not macros): threads per CTA (WARPS x 32, read as blockDim.x) and the split-K
@@ -1336,24 +1345,36 @@ __device__ __forceinline__ void tc_zero(float (&c)[NF4T_RT][NF4T_NT][4]) {
             for (int i = 0; i < 4; ++i) c[rt][nt][i] = 0.0f;
 }
 
-// One window on the tensor cores: cp += the code pairs of W's row tiles (lane (g, t): rows g and g + 8 of
-// each tile, its run of the window) times the batch tiles' runs of A (the lane's batch row g, the same
-// run), for windows that lie in one block (the scale follows, tc_scale_add)
+// One k-step st of a window on the tensor cores: cp += the code pairs of W's row tiles for that step (lane (g, t):
+// rows g and g + 8 of each tile) times A's columns col, col + 1 of each batch tile in a
+template <int L>
+__device__ __forceinline__ void tc_step_mma(const u32 (&w)[NF4T_RT][2][NF4T_WWORDS], const u32 (&a)[NF4T_NT][L],
+                                            int st, int col, u32 lane4, float (&cp)[NF4T_RT][NF4T_NT][4]) {
+#pragma unroll
+    for (int rt = 0; rt < NF4T_RT; ++rt) {
+        const u32 a0 = pair16(w[rt][0][(2 * st) >> 2], 2 * st, lane4);
+        const u32 a1 = pair16(w[rt][1][(2 * st) >> 2], 2 * st, lane4);
+        const u32 a2 = pair16(w[rt][0][(2 * st + 1) >> 2], 2 * st + 1, lane4);
+        const u32 a3 = pair16(w[rt][1][(2 * st + 1) >> 2], 2 * st + 1, lane4);
+#pragma unroll
+        for (int nt = 0; nt < NF4T_NT; ++nt) mma16816(cp[rt][nt], a0, a1, a2, a3, a[nt][col], a[nt][col + 1]);
+    }
+}
+
+// One window: the code pairs of W's row tiles (the lane's run of the window) times the batch tiles' runs of A
+// (the lane's batch row g, the same run), for windows that lie in one block (the scale follows, tc_scale_add)
 __device__ __forceinline__ void tc_window_mma(const u32 (&w)[NF4T_RT][2][NF4T_WWORDS],
                                               const u32 (&a)[NF4T_NT][NF4T_LOAD], u32 lane4,
                                               float (&cp)[NF4T_RT][NF4T_NT][4]) {
 #pragma unroll
-    for (int st = 0; st < NF4T_LOAD / 2; ++st) {
+    for (int st = 0; st < NF4T_LOAD / 2; ++st) tc_step_mma(w, a, st, 2 * st, lane4, cp);
+}
+
+// ... one 16-byte chunk c of the lane's run (k-steps 2c, 2c + 1), A's chunk in a[nt][0..3]
+__device__ __forceinline__ void tc_chunk_mma(const u32 (&w)[NF4T_RT][2][NF4T_WWORDS], const u32 (&a)[NF4T_NT][4],
+                                             int c, u32 lane4, float (&cp)[NF4T_RT][NF4T_NT][4]) {
 #pragma unroll
-        for (int rt = 0; rt < NF4T_RT; ++rt) {
-            const u32 a0 = pair16(w[rt][0][(2 * st) >> 2], 2 * st, lane4);
-            const u32 a1 = pair16(w[rt][1][(2 * st) >> 2], 2 * st, lane4);
-            const u32 a2 = pair16(w[rt][0][(2 * st + 1) >> 2], 2 * st + 1, lane4);
-            const u32 a3 = pair16(w[rt][1][(2 * st + 1) >> 2], 2 * st + 1, lane4);
-#pragma unroll
-            for (int nt = 0; nt < NF4T_NT; ++nt) mma16816(cp[rt][nt], a0, a1, a2, a3, a[nt][2 * st], a[nt][2 * st + 1]);
-        }
-    }
+    for (int j = 0; j < 2; ++j) tc_step_mma(w, a, 2 * c + j, 2 * j, lane4, cp);
 }
 
 // acc += the block's scale x a window's sums: sc[rt][0] for row g (c0, c1), sc[rt][1] for row g + 8 (c2, c3)
@@ -1523,6 +1544,7 @@ __device__ __forceinline__ void ks_epilogue(const float (&acc)[NF4T_RT][NF4T_NT]
 // the quad as before.
 #define NF4T_GK (NF4T_U * NF4T_WIN)     // K per group
 #define NF4T_CH (NF4T_LOAD / 4)         // 16-byte chunks (8 values) of A in a lane's run
+#define NF4T_AREGS (NF4T_ACHUNK ? 4 : NF4T_LOAD)   // registers of A a batch tile holds
 #define NF4T_CPR (8 / NF4T_SPAN)        // batch rows per n8 tile
 #define NF4T_PART (NF4T_WIN / NF4T_SPAN)  // K per part of a window (in one block)
 #define NF4T_SB (NF4T_U * NF4T_SPAN)    // blocks per row and group
@@ -1646,18 +1668,19 @@ __device__ __forceinline__ void rows_load_next(RowsGroup& G, RowsCursor& cur, co
 // A 16-byte chunk of A's stage into v where the lane's batch row exists; elsewhere v keeps what it held
 // (the mma's column of a batch row past M only reaches outputs that are never written), so no zeros
 // are moved in
-__device__ __forceinline__ void lds128_if(u32 (&v)[NF4T_NT][NF4T_LOAD], int nt, int i, bool in, u32 addr) {
+template <int L>
+__device__ __forceinline__ void lds128_if(u32 (&v)[NF4T_NT][L], int nt, int i, bool in, u32 addr) {
     asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %4, 0;\n\t@p ld.shared.v4.u32 {%0, %1, %2, %3}, [%5];\n\t}"
         : "+r"(v[nt][i]), "+r"(v[nt][i + 1]), "+r"(v[nt][i + 2]), "+r"(v[nt][i + 3]) : "r"((u32)in), "r"(addr));
 }
 
 // A group's windows on the tensor cores, added to acc. a_lane: the shared address of the lane's chunk 0
 // of the group's first window in batch tile 0's row g; a_in[nt]: batch row nt*8 + g exists; a: the
-// runs of A, held across calls (see lds128_if).
+// runs of A (NF4T_ACHUNK 1: one 16-byte chunk of them), held across calls (see lds128_if).
 template <bool kFull, bool kNested>
 __device__ __forceinline__ void rows_compute(const RowsGroup& G, float (&acc)[NF4T_RT][NF4T_NT][4], const Scales& s,
                                              u32 a_lane, u32 pitch, const bool (&a_in)[NF4T_NT],
-                                             u32 (&a)[NF4T_NT][NF4T_LOAD], u32 lane, u32 lane4) {
+                                             u32 (&a)[NF4T_NT][NF4T_AREGS], u32 lane, u32 lane4) {
     float own[NF4T_SQ][NF4T_RT][2];
 #pragma unroll
     for (int q = 0; q < NF4T_SQ; ++q)
@@ -1688,14 +1711,25 @@ __device__ __forceinline__ void rows_compute(const RowsGroup& G, float (&acc)[NF
                 for (int h = 0; h < 2; ++h) sc[rt][h][i] = __shfl_sync(0xffffffffu, own[u * NF4T_SPAN / 4][rt][h], src);
         }
 #endif
+        float cp[NF4T_RT][NF4T_NT][4];
+        tc_zero(cp);
+#if NF4T_ACHUNK
+        // a chunk of A at a time: its 16-byte loads for every batch tile, then the chunk's two k-steps
+#pragma unroll
+        for (int c = 0; c < NF4T_CH; ++c) {
+#pragma unroll
+            for (int nt = 0; nt < NF4T_NT; ++nt)
+                lds128_if(a, nt, 0, a_in[nt], a_lane + nt * NF4T_CPR * pitch + (u * NF4T_CH + c) * 64);
+            tc_chunk_mma(G.w[u], a, c, lane4, cp);
+        }
+#else
 #pragma unroll
         for (int nt = 0; nt < NF4T_NT; ++nt)
 #pragma unroll
             for (int c = 0; c < NF4T_CH; ++c)
                 lds128_if(a, nt, 4 * c, a_in[nt], a_lane + nt * NF4T_CPR * pitch + (u * NF4T_CH + c) * 64);
-        float cp[NF4T_RT][NF4T_NT][4];
-        tc_zero(cp);
         tc_window_mma(G.w[u], a, lane4, cp);
+#endif
         tc_scale_add(acc, cp, sc);
     }
 }
@@ -1708,11 +1742,11 @@ __device__ __forceinline__ void rows_steps(RowsGroup& G, float (&acc)[NF4T_RT][N
                                            const Scales& s, u32 a_lane, u32 pitch,
                                            const bool (&a_in)[NF4T_NT], u32 row0, u32 N, u32 K, u32 kw, u32 k_end,
                                            u32 g, u32 t, u32 lane, u32 lane4) {
-    u32 a[NF4T_NT][NF4T_LOAD];
+    u32 a[NF4T_NT][NF4T_AREGS];
 #pragma unroll
     for (int nt = 0; nt < NF4T_NT; ++nt)
 #pragma unroll
-        for (int i = 0; i < NF4T_LOAD; ++i) a[nt][i] = 0u;
+        for (int i = 0; i < NF4T_AREGS; ++i) a[nt][i] = 0u;
     RowsCursor cur;
     if (kFull) cur = rows_cursor(B, row0, K, g, t, kw + NF4T_GK);
 #if NF4T_PREFETCH == 2

@@ -272,7 +272,7 @@ def test_a_sample_of_the_space_compiles_for_hopper_blackwell_and_rtx50(compile_c
 
 def test_every_three_source_knob_values_together_compile_for_sm90(compile_cache):
     """A covering sample of the bf16/nf4 matmul space: every combination of 3 source-knob values
-    that some source has (272 of about 14,400 sources); the whole space is the slow test below."""
+    that some source has (274 of 20,000 sources); the whole space is the slow test below."""
     import os
 
     from tuner.kernel.compiler import compile_many
@@ -790,6 +790,47 @@ def test_a_register_cap_bounds_the_registers_and_fits_more_warps(compile_cache):
                      unroll=2, m=8)):
         with pytest.raises(InvalidConfig, match="regcap"):
             MM.config(**dict(bad, regcap=80))
+
+
+def test_a_chunk_at_a_time_frees_registers_and_keeps_the_loop(compile_cache):
+    """achunk (session 25) reads A's runs a 16-byte chunk at a time, next to its k-steps, instead of a window's at
+    once (sm_90): the served M = 16 shape of the H100 and the 16-byte span-2 32-row batch tile both take fewer
+    registers without spills, enough for more warps an SM, and the loop keeps its HMMAs, W loads and A's shared
+    loads (only their order changes). Refused off mma-rows."""
+    from tuner.kernel.compiler import compile_config
+    from tuner.kernel.sass import disassemble, find_nvdisasm, loops
+
+    try:
+        find_nvdisasm()
+        sass = True
+    except FileNotFoundError:
+        sass = False
+    shapes = (
+        # (knobs, warps an SM uncapped must not fit, warps an SM that a chunk at a time must fit)
+        (dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=16, warps=14, ksplit=2, scale="block",
+              lut="pair", astage="shared", unroll=4, prefetch=0, m=16), 20, 20),
+        (dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=32, span=2, warps=8, ksplit=2, scale="block",
+              lut="pairx", astage="shared", unroll=2, prefetch=1, m=16), 16, 16),
+    )
+    for knobs, before, after in shapes:
+        whole = MM.config(**knobs)
+        chunk = MM.config(**knobs, achunk=1)
+        assert MM.macros(whole)["NF4T_ACHUNK"] == 0 and " ac" not in whole.short()
+        assert MM.macros(chunk)["NF4T_ACHUNK"] == 1 and " ac1 " in chunk.short(), chunk.short()
+        kw = compile_config(whole, "sm_90", cache_dir=compile_cache)
+        kc = compile_config(chunk, "sm_90", cache_dir=compile_cache)
+        assert not kc.spill_stores and not kc.spill_loads, chunk.short()
+        assert kc.registers < kw.registers, (chunk.short(), kw.registers, kc.registers)
+        assert LIMITS.registers_refusal(kw.registers, before * 32) is not None, (whole.short(), kw.registers)
+        assert LIMITS.registers_refusal(kc.registers, after * 32) is None, (chunk.short(), kc.registers)
+        if sass:
+            lw = min(loops(disassemble(kw.cubin), min_len=150), key=lambda lp: lp.path)
+            lc = min(loops(disassemble(kc.cubin), min_len=150), key=lambda lp: lp.path)
+            for op in ("HMMA", "LDG", "LDS"):
+                assert dict(lc.mix).get(op) == dict(lw.mix).get(op), (chunk.short(), op)
+    with pytest.raises(InvalidConfig, match="achunk"):
+        MM.config(mma="mma-ks", load_bytes=8, rows_per_warp=32, mtile=8, warps=8, lut="pair", scale="block",
+                  unroll=2, m=8, achunk=1)
 
 
 def test_two_groups_ahead_fit_a_16_warp_cta_and_keep_the_loop(compile_cache):

@@ -197,6 +197,17 @@ CONFIGS = [
               lut="pair", astage="shared", unroll=4, regcap=80)),
     (8, dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=8, warps=8, ksplit=2, scale="block",
              lut="pairx", astage="shared", unroll=2, prefetch=1, regcap=72)),
+    # ... with A read a chunk at a time (achunk, session 25): the served M = 16 shape of the H100, the 16-byte
+    # span-2 32-row batch tile at batch 16 (8 warps: without achunk its 182-184 registers fit no more), the served M = 8 span-2 shape with a register cap, and the span-2
+    # loop with stream-K at batch 1
+    (16, dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=16, warps=14, ksplit=2, scale="block",
+              lut="pair", astage="shared", unroll=4, achunk=1)),
+    (16, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=32, warps=8, ksplit=2, scale="block",
+              lut="pairx", astage="shared", unroll=2, prefetch=1, span=2, achunk=1)),
+    (8, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=16, warps=14, ksplit=1, scale="block",
+             lut="pairx", astage="shared", unroll=2, prefetch=1, span=2, achunk=1, regcap=80)),
+    (1, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=16, ksplit=1, scale="block",
+             lut="pairx", astage="shared", unroll=2, prefetch=1, span=2, persist=1, achunk=1)),
 ]
 #: the stream-K configs
 STREAM_K_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("mma") == "mma-rows" and k.get("persist")]
@@ -206,6 +217,8 @@ PRMTQ_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("prmt_quarters",
 AHEAD2_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("prefetch", 0) == 2]
 #: the configs with a register cap
 REGCAP_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("regcap", 0)]
+#: the configs that read A a chunk at a time
+ACHUNK_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("achunk", 0)]
 #: the configs with windows over several blocks (span > 1), each served at one blocksize
 SPAN_CONFIGS = [i for i, (_, k) in enumerate(CONFIGS) if k.get("span", 1) > 1]
 
@@ -330,6 +343,14 @@ def test_a_register_cap_gives_the_uncapped_sums_bit_for_bit(seed, index):
     in the same order, so the output is the uncapped config's bit for bit (split-K 2: order-free)."""
     m, knobs = CONFIGS[index]
     _same_output_as(seed, m, knobs, dict(regcap=0))
+
+
+@pytest.mark.parametrize("index", ACHUNK_CONFIGS)
+def test_a_chunk_at_a_time_gives_the_whole_windows_sums_bit_for_bit(seed, index):
+    """achunk only moves A's shared loads next to the k-steps that use them: the same mmas in the same order,
+    so the output is the achunk-0 config's bit for bit (split-K 1-2: order-free)."""
+    m, knobs = CONFIGS[index]
+    _same_output_as(seed, m, knobs, dict(achunk=0))
 
 
 @pytest.mark.parametrize("index", STREAM_K_CONFIGS)

@@ -312,6 +312,12 @@ def stream_k_parts(tiles: int, groups: int, ctas: int) -> list:
             for r in range(tiles)]
 
 
+def _achunk_path(mma, achunk):
+    if achunk and mma != "mma-rows":
+        return "achunk (A read a chunk at a time) is a knob of the row-tile tensor-core path (mma-rows) only"
+    return None
+
+
 def _regcap_path(mma, persist, regcap):
     if regcap and (mma != "mma-rows" or persist):
         # stream-K's kernel is bound to 512 threads by __launch_bounds__, which __maxnreg__ cannot join
@@ -655,6 +661,10 @@ class MatmulFamily(Family):
              help="mma-rows without stream-K: 0 no cap; N: at most N registers a thread (__maxnreg__), so that "
                   "more warps fit an SM (80: 6 warps a register sub-partition, 72: 7, against 4 at 104-128); "
                   "spills go to local memory"),
+        Knob("achunk", (0, 1), "source", "NF4T_ACHUNK", label="ac{}", hidden=(0,),
+             help="mma-rows: 0 a window's runs of A read from shared memory at once (load_bytes registers a "
+                  "batch tile of 8 rows); 1 one 16-byte chunk at a time, just before its two k-steps (4 registers "
+                  "a batch tile): fewer registers, so more warps an SM, the same sums bit for bit"),
         Knob("dtype", DTYPES, "problem", "NF4T_ACT", help="activation (and output) dtype"),
         Knob("quant", QUANTS, "problem", "NF4T_QUANT", help="4-bit code: nf4 or fp4"),
         Knob("m", M_BUCKETS, "problem", label="", help="the batch bucket the config is tuned for (not in the source)"),
@@ -666,6 +676,7 @@ class MatmulFamily(Family):
         Constraint(("mma", "persist", "rows_per_warp", "mtile"), _stream_k_shape),
         Constraint(("mma", "warps"), _warps_path),
         Constraint(("mma", "persist", "regcap"), _regcap_path),
+        Constraint(("mma", "achunk"), _achunk_path),
         Constraint(("mma", "lut", "dtype"), _lut_path),
         Constraint(("mma", "lut", "load_bytes", "prmt_quarters"), _prmt_mix),
         Constraint(("mma", "load_bytes", "rows_per_warp", "mtile", "warps", "astage", "unroll", "persist",
@@ -694,12 +705,13 @@ class MatmulFamily(Family):
         "load_bytes / blocksize), A's stage fits the opt-in",
         "prmt_quarters 1/2: mma-rows with lut pairx and 8- or 16-byte loads only",
         "regcap 80/72: mma-rows without stream-K (persist 0) only",
+        "achunk 1: mma-rows only",
         f"prefetch 2: mma-rows with 16-byte loads only, loads in flight <= {ROWS_MAX_LOAD_REGISTERS_TWO_AHEAD} registers",
         "plan time: A staged in shared memory fits 48 KiB; K a multiple of the blocksize",
     )
     defaults = dict(mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, lut="shared",
                     astage="global", scale="block", wload="stream", prefetch=0, unroll=1, span=1, prmt_quarters=0, persist=0, stages=0,
-                    feed="lanes", stats="lanes", regcap=0,
+                    feed="lanes", stats="lanes", regcap=0, achunk=0,
                     dtype="bf16",
                     quant="nf4", m=1)
     presets = {
@@ -709,7 +721,7 @@ class MatmulFamily(Family):
     }
     refine_order = ("ksplit", "warps", "rows_per_warp", "prefetch", "wload", "scale", "load_bytes", "mtile", "mma",
                     "lut", "astage", "unroll", "span", "prmt_quarters", "persist", "stages",
-                    "feed", "stats", "regcap")
+                    "feed", "stats", "regcap", "achunk")
     peer_label = REF_BNB_MATMUL
     ceiling_label = REF_READ
     problem_knobs = {"dtype": "dtype", "quant": "quant", "m": "m"}
