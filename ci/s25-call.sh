@@ -15,7 +15,7 @@ SW='mma=mma-rows load_bytes=8,16 rows_per_warp=16 mtile=8,16,32 span=1,2 warps=8
 SW="$SW ksplit=1,2,4,8 prefetch=0,1 lut=pair,pairx prmt_quarters=0 persist=0 scale=block astage=shared"
 SW="$SW wload=stream dtype=bf16 quant=nf4 regcap=0 achunk=0,1"
 DEADLINE=${DEADLINE:-560} SCREEN_NEED=${SCREEN_NEED:-60} STEPS=${STEPS:-'tests sweep table mmbench'} \
-  TEST_FILES=tests/test_matmul_gpu.py \
+  TEST_FILES=${TEST_FILES:-tests/test_matmul_gpu.py} \
   TEST_K=${TEST_K:-'chunk_at_a_time or register_cap or m16-69 or m16-70 or m8-71 or m1-72 or (stream_k and 72)'} \
   SWEEP="$SW" \
   SWEEP_PROBLEMS=${SWEEP_PROBLEMS:-'28672x8192:16 8192x8192:16 14336x4096:16 4096x14336:16 28672x8192:8 8192x8192:8 28672x8192:32 8192x8192:32 28672x8192:1 8192x8192:1'} \
