@@ -127,7 +127,7 @@
 //                for warps; the sweep decides.
 //   NF4T_ACHUNK  mma-rows: 0 a window's runs of A are read from shared memory at once, LOAD registers a batch
 //                tile (8 batch rows) held through the window's k-steps; 1 one 16-byte chunk at a time (its
-//                loads for every batch tile, then its two k-steps): 4 registers a batch tile. Session 24 (CPU,
+//                loads for every batch tile, then its two k-steps): 4 registers a batch tile. Session 25 (CPU,
 //                NVRTC 13.5, sm_90): the served M = 16 kernel (8-byte loads, unroll 4) 109 -> 89 registers, the
 //                16-byte span-2 kernel with the 32-row batch tile 182 -> 128, M = 8's 135 -> 103, no spills: a
 //                window's A was the largest live set (LOAD x NT registers; the asm volatile loads and mmas keep
@@ -1711,6 +1711,8 @@ __device__ __forceinline__ void rows_compute(const RowsGroup& G, float (&acc)[NF
                 for (int h = 0; h < 2; ++h) sc[rt][h][i] = __shfl_sync(0xffffffffu, own[u * NF4T_SPAN / 4][rt][h], src);
         }
 #endif
+        // chunk c of the window's runs of A in batch tile nt
+        auto a_chunk = [&](int nt, int c) { return a_lane + nt * NF4T_CPR * pitch + (u * NF4T_CH + c) * 64; };
         float cp[NF4T_RT][NF4T_NT][4];
         tc_zero(cp);
 #if NF4T_ACHUNK
@@ -1719,7 +1721,7 @@ __device__ __forceinline__ void rows_compute(const RowsGroup& G, float (&acc)[NF
         for (int c = 0; c < NF4T_CH; ++c) {
 #pragma unroll
             for (int nt = 0; nt < NF4T_NT; ++nt)
-                lds128_if(a, nt, 0, a_in[nt], a_lane + nt * NF4T_CPR * pitch + (u * NF4T_CH + c) * 64);
+                lds128_if(a, nt, 0, a_in[nt], a_chunk(nt, c));
             tc_chunk_mma(G.w[u], a, c, lane4, cp);
         }
 #else
@@ -1727,7 +1729,7 @@ __device__ __forceinline__ void rows_compute(const RowsGroup& G, float (&acc)[NF
         for (int nt = 0; nt < NF4T_NT; ++nt)
 #pragma unroll
             for (int c = 0; c < NF4T_CH; ++c)
-                lds128_if(a, nt, 4 * c, a_in[nt], a_lane + nt * NF4T_CPR * pitch + (u * NF4T_CH + c) * 64);
+                lds128_if(a, nt, 4 * c, a_in[nt], a_chunk(nt, c));
         tc_window_mma(G.w[u], a, lane4, cp);
 #endif
         tc_scale_add(acc, cp, sc);

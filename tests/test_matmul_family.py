@@ -17,6 +17,23 @@ from tuner.vocabulary import M_BUCKETS, InvalidConfig, Problem, UnsupportedInput
 LIMITS = DeviceLimits(sm_count=132)
 
 
+def _shortest_loop(cubin):
+    """The loop of at least 150 instructions with the shortest path in ``cubin``'s SASS (a kernel's main loop)."""
+    from tuner.kernel.sass import disassemble, loops
+
+    return min(loops(disassemble(cubin), min_len=150), key=lambda lp: lp.path)
+
+
+def _nvdisasm_found() -> bool:
+    from tuner.kernel.sass import find_nvdisasm
+
+    try:
+        find_nvdisasm()
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def P(n=4096, k=4096, m=1, dtype="bf16", quant="nf4", bs=64):
     return Problem((n, k), dtype, quant, bs, "matmul", m)
 
@@ -718,8 +735,7 @@ def test_the_span_loop_loads_w_in_16_bytes_with_fewer_instructions_per_byte(comp
     # the byte-permute decode on the same loop: no table lookups (its shared loads are A's chunks only), the
     # codes from register byte tables at about 3.5 permutes per packed byte
     c = MM.config(**dict(rows, lut="prmt"), load_bytes=16, unroll=2, span=2)
-    best = min(loops(disassemble(compile_config(c, "sm_90", cache_dir=compile_cache).cubin), min_len=150),
-               key=lambda lp: lp.path)
+    best = _shortest_loop(compile_config(c, "sm_90", cache_dir=compile_cache).cubin)
     mix = dict(best.mix)
     assert mix.get("LDS", 0) <= 12 and mix.get("PRMT", 0) >= 3 * 64 and mix.get("HMMA", 0) == 16, mix
 
@@ -730,7 +746,7 @@ def test_prmt_quarters_move_a_quarter_of_the_lookups_each_to_permutes(compile_ca
     permutes in their place (prmt's byte tables); the loads of W and the mmas stay as they are. Refused off
     mma-rows / pairx and with 4-byte loads."""
     from tuner.kernel.compiler import compile_config
-    from tuner.kernel.sass import disassemble, find_nvdisasm, loops
+    from tuner.kernel.sass import find_nvdisasm
 
     try:
         find_nvdisasm()
@@ -741,8 +757,7 @@ def test_prmt_quarters_move_a_quarter_of_the_lookups_each_to_permutes(compile_ca
     mix, path = {}, {}
     for q in (0, 1, 2):
         c = MM.config(**rows, prmt_quarters=q)
-        best = min(loops(disassemble(compile_config(c, "sm_90", cache_dir=compile_cache).cubin), min_len=150),
-                   key=lambda lp: lp.path)
+        best = _shortest_loop(compile_config(c, "sm_90", cache_dir=compile_cache).cubin)
         mix[q], path[q] = dict(best.mix), best.path
     for q in (1, 2):
         assert mix[q].get("LDS", 0) == mix[0].get("LDS", 0) - 16 * q, (q, mix[q], mix[0])
@@ -760,7 +775,6 @@ def test_a_register_cap_bounds_the_registers_and_fits_more_warps(compile_cache):
     an SM's register sub-partitions hold 6 of its warps (cap 80) or 7 (cap 72) where they hold 4 uncapped; the
     cap keeps the loop's HMMAs and W loads. Refused off mma-rows and with stream-K."""
     from tuner.kernel.compiler import compile_config
-    from tuner.kernel.sass import disassemble, find_nvdisasm, loops
 
     rows = dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=16, warps=12, ksplit=4, scale="block",
                 lut="pair", astage="shared", unroll=4, prefetch=0, m=16)
@@ -769,20 +783,15 @@ def test_a_register_cap_bounds_the_registers_and_fits_more_warps(compile_cache):
     free = compile_config(uncapped, "sm_90", cache_dir=compile_cache)
     assert free.registers > 80 and not free.spill_stores, free.registers
     assert LIMITS.registers_refusal(free.registers, 6 * 4 * 32) is not None    # 6 warps a sub-partition: no
-    try:
-        find_nvdisasm()
-        sass = True
-    except FileNotFoundError:
-        sass = False
+    free_loop = _shortest_loop(free.cubin) if _nvdisasm_found() else None
     for cap, warps_per_sm in ((80, 24), (72, 28)):
         c = MM.config(**rows, regcap=cap)
         assert MM.macros(c)["NF4T_MAXNREG"] == cap and f" rc{cap} " in c.short(), c.short()
         k = compile_config(c, "sm_90", cache_dir=compile_cache)
         assert k.registers <= cap, (cap, k.registers)
         assert LIMITS.registers_refusal(k.registers, warps_per_sm * 32) is None, (cap, k.registers)
-        if sass:
-            capped_loop = min(loops(disassemble(k.cubin), min_len=150), key=lambda lp: lp.path)
-            free_loop = min(loops(disassemble(free.cubin), min_len=150), key=lambda lp: lp.path)
+        if free_loop is not None:
+            capped_loop = _shortest_loop(k.cubin)
             for op in ("HMMA", "LDG"):
                 assert dict(capped_loop.mix).get(op) == dict(free_loop.mix).get(op), (cap, op)
     for bad in (dict(rows, persist=1, mtile=8, m=8), dict(mma="simt", m=1),
@@ -798,15 +807,10 @@ def test_a_chunk_at_a_time_frees_registers_and_keeps_the_loop(compile_cache):
     registers without spills, enough for more warps an SM, and the loop keeps its HMMAs, W loads and A's shared
     loads (only their order changes). Refused off mma-rows."""
     from tuner.kernel.compiler import compile_config
-    from tuner.kernel.sass import disassemble, find_nvdisasm, loops
 
-    try:
-        find_nvdisasm()
-        sass = True
-    except FileNotFoundError:
-        sass = False
+    sass = _nvdisasm_found()
     shapes = (
-        # (knobs, warps an SM uncapped must not fit, warps an SM that a chunk at a time must fit)
+        # (knobs, warps an SM that achunk 0 must not fit, warps an SM that achunk 1 must fit)
         (dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=16, warps=14, ksplit=2, scale="block",
               lut="pair", astage="shared", unroll=4, prefetch=0, m=16), 20, 20),
         (dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=32, span=2, warps=8, ksplit=2, scale="block",
@@ -824,8 +828,8 @@ def test_a_chunk_at_a_time_frees_registers_and_keeps_the_loop(compile_cache):
         assert LIMITS.registers_refusal(kw.registers, before * 32) is not None, (whole.short(), kw.registers)
         assert LIMITS.registers_refusal(kc.registers, after * 32) is None, (chunk.short(), kc.registers)
         if sass:
-            lw = min(loops(disassemble(kw.cubin), min_len=150), key=lambda lp: lp.path)
-            lc = min(loops(disassemble(kc.cubin), min_len=150), key=lambda lp: lp.path)
+            lw = _shortest_loop(kw.cubin)
+            lc = _shortest_loop(kc.cubin)
             for op in ("HMMA", "LDG", "LDS"):
                 assert dict(lc.mix).get(op) == dict(lw.mix).get(op), (chunk.short(), op)
     with pytest.raises(InvalidConfig, match="achunk"):
@@ -838,7 +842,7 @@ def test_two_groups_ahead_fit_a_16_warp_cta_and_keep_the_loop(compile_cache):
     and the loop computes what prefetch 1's does (the same mmas and W loads per group: only the issue point
     moves). Refused off mma-rows, off 16-byte loads, and past its registers of loads in flight."""
     from tuner.kernel.compiler import compile_config
-    from tuner.kernel.sass import disassemble, find_nvdisasm, loops
+    from tuner.kernel.sass import find_nvdisasm
 
     try:
         find_nvdisasm()
@@ -850,7 +854,7 @@ def test_two_groups_ahead_fit_a_16_warp_cta_and_keep_the_loop(compile_cache):
     for pf in (1, 2):
         k = compile_config(MM.config(**rows, prefetch=pf), "sm_90", cache_dir=compile_cache)
         assert not k.spill_stores and k.registers * 16 * 32 <= 65536, (pf, k.registers)
-        mix[pf] = dict(min(loops(disassemble(k.cubin), min_len=150), key=lambda lp: lp.path).mix)
+        mix[pf] = dict(_shortest_loop(k.cubin).mix)
     for op in ("HMMA", "LDG"):
         assert mix[2].get(op) == mix[1].get(op) and mix[1].get(op), (op, mix)
     for bad in (dict(rows, mma="simt", load_bytes=16, rows_per_warp=4, mtile=1, span=1, unroll=1, warps=8),

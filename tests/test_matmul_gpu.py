@@ -198,8 +198,8 @@ CONFIGS = [
     (8, dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=8, warps=8, ksplit=2, scale="block",
              lut="pairx", astage="shared", unroll=2, prefetch=1, regcap=72)),
     # ... with A read a chunk at a time (achunk, session 25): the served M = 16 shape of the H100, the 16-byte
-    # span-2 32-row batch tile at batch 16 (8 warps: without achunk its 182-184 registers fit no more), the served M = 8 span-2 shape with a register cap, and the span-2
-    # loop with stream-K at batch 1
+    # span-2 32-row batch tile at batch 16 (8 warps: without achunk its 182-184 registers fit no more), the served
+    # M = 8 span-2 shape with a register cap, and the span-2 loop with stream-K at batch 1
     (16, dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=16, warps=14, ksplit=2, scale="block",
               lut="pair", astage="shared", unroll=4, achunk=1)),
     (16, dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=32, warps=8, ksplit=2, scale="block",
