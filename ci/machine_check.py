@@ -1,14 +1,14 @@
-"""Is the lent GPU machine sane? Run first in a device session, before any test or benchmark.
+"""Is this GPU machine sane? Run first, before any GPU test or benchmark (ci/gpu-suite.sh and ci/nightly.sh do).
 
-Session 16 got an H100 on which 188 of 192 GPU tests failed, the dequant runtime included (code unchanged
-since it last passed), with mismatches whose first differing element read back equal a moment later: the
-output changed after the comparison. This check tells a bad machine from a bad change in a few seconds:
+An H100 once failed 188 of 192 GPU tests, the dequant runtime included (code unchanged since it last passed),
+with mismatches whose first differing element read back equal a moment later: the output changed after the
+comparison. This check tells a bad machine from a bad change in a few seconds:
 - the versions and the CUDA environment variables;
 - the driver's current context before and after a launch of ours (one context: torch's primary);
 - 20 runs each of bnb's dequantize beside the runtime's, compared bit for bit straight after the launch
   (stream order alone) and after a device synchronize;
 - a torch matmul run twice (the same bits on a healthy GPU).
-Exit 1 when anything differs. Usage: PYTHONPATH=.devsite:. python3 ci/machine_check.py
+Exit 1 when anything differs, 2 without a CUDA GPU. Usage: python3 ci/machine_check.py
 """
 import os
 import sys
@@ -19,12 +19,15 @@ import cuda.core
 import torch
 from cuda.bindings import driver
 
-from tuner import serve as runtime
-from tuner.families.dequant import mismatch_report
+from nf4tune import serve as runtime
+from nf4tune.families.dequant import mismatch_report
 
 
 def main() -> int:
     print("torch", torch.__version__, "cuda.core", cuda.core.__version__, "cuda.bindings", cuda.bindings.__version__)
+    if not torch.cuda.is_available():
+        print("machine check: no CUDA GPU is visible")
+        return 2
     print("env", {k: v for k, v in os.environ.items() if "CUDA" in k or "NVIDIA" in k})
     torch.zeros(1, device="cuda")
     print("context after torch", driver.cuCtxGetCurrent()[1])

@@ -10,7 +10,7 @@
 #   DB          database URL or SQLite path (default: $NF4TUNE_DB, else ./nf4tune.db)
 #   REPORT_DIR  where index.html + plotly.min.js go (default: $NF4TUNE_REPORT_DIR, else ./nightly-report)
 # Environment:
-#   NF4TUNE_CMD          how to call the CLI (default: nf4-tune; e.g. "python3 -m tuner.cli")
+#   NF4TUNE_CMD          how to call the CLI (default: nf4-tune; e.g. "python3 -m nf4tune.cli")
 #   NF4TUNE_SKIP_REPORT  1: do not build the report here (a GPU machine without plotly: build it
 #                        elsewhere from the database with `nf4-tune report`)
 #   NF4TUNE_PYTHON       the Python that runs the machine check (default: python3)

@@ -1,6 +1,6 @@
 """The tables (SQLAlchemy 2 declarative models). Schema changes go through an Alembic revision.
 
-A problem (tuner.vocabulary.Problem) is stored as columns: family, shape ("4096x4096"), dtype,
+A problem (nf4tune.vocabulary.Problem) is stored as columns: family, shape ("4096x4096"), dtype,
 quant, blocksize and m (the matmul family's batch bucket; NULL for dequant)."""
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class Measurement(Base):
 
 
 class Flag(Base):
-    """The nightly verdict of one problem in one regress run (see ``tuner.track.regression.judge``)."""
+    """The nightly verdict of one problem in one regress run (see ``nf4tune.track.regression.judge``)."""
 
     __tablename__ = "flags"
 
@@ -119,7 +119,7 @@ class Flag(Base):
     quant: Mapped[str] = mapped_column(String(8))
     blocksize: Mapped[int] = mapped_column(Integer)
     m: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)
-    flag: Mapped[str] = mapped_column(String(32))       # one of tuner.vocabulary.FLAGS
+    flag: Mapped[str] = mapped_column(String(32))       # one of nf4tune.vocabulary.FLAGS
     speedup: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
     baseline_speedup: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
     drop: Mapped[Optional[float]] = mapped_column(Float, nullable=True)

@@ -1,6 +1,6 @@
 """The repository API over the tables: everything the library, the CLI, ``reports/`` and ``ci/``
 store or read. All SQL of the project lives here. Problems go in and come out as
-:class:`tuner.vocabulary.Problem` values."""
+:class:`nf4tune.vocabulary.Problem` values."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Optional
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from tuner.vocabulary import Problem
+from nf4tune.vocabulary import Problem
 
 from ._engine import Database
 from ._models import GPU, Environment, Flag, KernelConfigRow, Measurement, Run, _now
@@ -101,7 +101,7 @@ class Repository:
 
     def add_measurement(self, run: Run, problem: Problem, result: dict, config_row: Optional[KernelConfigRow] = None,
                         gpu_state: Optional[dict] = None, bnb_median_us: Optional[float] = None) -> Measurement:
-        """Store one result (a :class:`tuner.measure.bench.BenchResult` as a dict) for ``problem``."""
+        """Store one result (a :class:`nf4tune.measure.bench.BenchResult` as a dict) for ``problem``."""
         st = gpu_state or {}
         with self.db.session() as s:
             m = Measurement(
@@ -196,7 +196,7 @@ class Repository:
 
     # -- regression flags --------------------------------------------------------------
     def add_flag(self, run: Run, problem: Problem, verdict: dict, measurement: Optional[Measurement] = None) -> Flag:
-        """Store one night's verdict (a :class:`tuner.track.regression.Verdict` as a dict) for ``problem``."""
+        """Store one night's verdict (a :class:`nf4tune.track.regression.Verdict` as a dict) for ``problem``."""
         with self.db.session() as s:
             f = Flag(run_id=run.id, measurement_id=measurement.id if measurement else None,
                      **_problem_columns(problem), flag=verdict["flag"], speedup=verdict.get("speedup"),

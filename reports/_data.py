@@ -13,7 +13,7 @@ nightly verdict of one GPU x problem:
   the configs), and the labels of what it measured.
 
 Nothing here assumes one kernel family: the peer and the ceiling of a problem come from its
-family's declaration (:data:`tuner.families.FAMILIES`), or a generic bnb reference for a family
+family's declaration (:data:`nf4tune.families.FAMILIES`), or a generic bnb reference for a family
 this version does not know.
 """
 
@@ -27,9 +27,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
-from db import ENV_FIELDS
-from tuner.families import FAMILIES
-from tuner.vocabulary import FAILING_FLAGS, FLAGS, NOISY_REFERENCE, speedup
+from nf4tune.db import ENV_FIELDS
+from nf4tune.families import FAMILIES
+from nf4tune.vocabulary import FAILING_FLAGS, FLAGS, NOISY_REFERENCE, speedup
 
 #: a median of fewer samples is not a measurement (ci/plant_slow_config.py stores one sample)
 MIN_SAMPLES = 3
@@ -38,7 +38,7 @@ MIN_SAMPLES = 3
 NOISY_FACTOR = 3.0
 NOISY_FLOOR = 0.10
 #: the baseline band of the x-peer panel: the last good nights before each night (the nightly
-#: judge's rolling window, tuner.track.regression.BASELINE_NIGHTS)
+#: judge's rolling window, nf4tune.track.regression.BASELINE_NIGHTS)
 BASELINE_NIGHTS = 10
 #: the status of a problem that no night has judged
 NOT_JUDGED = "not judged"

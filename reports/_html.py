@@ -16,9 +16,9 @@ import json
 import math
 from pathlib import Path
 
-from tuner._files import atomic_write
+from nf4tune._files import atomic_write
 
-from tuner.vocabulary import FLAGS
+from nf4tune.vocabulary import FLAGS
 
 from ._data import MIN_SAMPLES, NOT_JUDGED, ReportData, status_kind
 from ._tables import write_tables

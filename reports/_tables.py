@@ -9,7 +9,7 @@ import io
 import json
 from pathlib import Path
 
-from tuner._files import atomic_write
+from nf4tune._files import atomic_write
 
 from ._data import ReportData, to_plain
 

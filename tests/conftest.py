@@ -11,7 +11,7 @@ WHOLE_SPACE = os.environ.get("NF4TUNE_WHOLE_SPACE") == "1"
 
 
 def pytest_collection_modifyitems(config, items):
-    from tuner.kernel.gpu import gpu_available
+    from nf4tune.kernel.gpu import gpu_available
 
     marks = {}
     if not WHOLE_SPACE:
@@ -23,6 +23,27 @@ def pytest_collection_modifyitems(config, items):
         for name, mark in marks.items():
             if name in item.keywords:
                 item.add_marker(mark)
+
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+
+
+def example_db(name: str, folder) -> str:
+    """A fresh copy of the fixture database ``tests/data/<name>.db.gz`` (``h200-search``,
+    ``h200-nightly``), unpacked into ``folder``; its path."""
+    import gzip
+    import shutil
+
+    out = os.path.join(str(folder), f"{name}.db")
+    with gzip.open(os.path.join(DATA, f"{name}.db.gz"), "rb") as src, open(out, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return out
+
+
+@pytest.fixture(scope="session")
+def nightly_db(tmp_path_factory):
+    """The H200 nightly database, unpacked once per run (read-only uses only)."""
+    return example_db("h200-nightly", tmp_path_factory.mktemp("fixtures"))
 
 
 @pytest.fixture

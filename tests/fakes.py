@@ -4,7 +4,7 @@ import os
 import time
 from pathlib import Path
 
-from tuner.tune.trial import TrialOutcome
+from nf4tune.tune.trial import TrialOutcome
 
 
 def synthetic_us(config) -> float:
@@ -82,8 +82,8 @@ class StallingMeasurer(FakeMeasurer):
 # `nf4-tune search --gpus` child targets (module:function) for the CPU tests
 def fake_gpu_search(spec):
     """One 'GPU' worker: the real child code with a test double for the GPU and its measurement."""
-    from tuner.kernel.gpu import GPUInfo
-    from tuner.tune.multigpu import search_on_visible_gpu
+    from nf4tune.kernel.gpu import GPUInfo
+    from nf4tune.tune.multigpu import search_on_visible_gpu
 
     gpu = GPUInfo("Fake GPU", "sm_90", (9, 0), 132, 60 << 20, 141 << 30, "580.1")
     assert os.environ["CUDA_VISIBLE_DEVICES"] in ("0", "1", "5", "7")

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import sqlite3
 
-from db import ENV_FIELDS, Repository, connect
-from tuner.kernel.gpu import GPUInfo
-from tuner.track.nightly import run_regress
-from tuner.vocabulary import Problem
+from nf4tune.db import ENV_FIELDS, Repository, connect
+from nf4tune.kernel.gpu import GPUInfo
+from nf4tune.track.nightly import run_regress
+from nf4tune.vocabulary import Problem
 
 from test_regress_job import BEST, ENV, GPU, FakeMeasure, _seeded_repo
 
@@ -46,7 +46,7 @@ def hostile_database(path) -> str:
     repo = Repository(connect(url))
     gpu = GPUInfo(EVIL, "sm_90", (9, 0), 132, 62914560, 150 << 30, EVIL)
     env = {k: EVIL for k in ENV_FIELDS}
-    from tuner.measure import record
+    from nf4tune.measure import record
 
     run = repo.start_run("search", record.gpu_row(repo, gpu), repo.environment(**env), command=EVIL)
     for shape in ((4096, 4096), (8192, 8192)):
@@ -98,7 +98,7 @@ def two_family_database(path) -> str:
         run_regress(repo, GPU, measure=fake, env=ENV)
     fake.slow["8192x8192 bf16 nf4 bs64"] = 1.3
     assert run_regress(repo, GPU, measure=fake, env=dict(ENV, driver="590.0")).exit_code == 1
-    from tuner.measure import record
+    from nf4tune.measure import record
 
     gpu_row = record.gpu_row(repo, GPU)
     knobs = dict(tile_n=128, split_k=1, threads=128, dtype="bf16", quant="nf4")

@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from tuner import cli
-from tuner.families import DEQUANT
-from tuner.kernel.gpu import gpu_available
+from nf4tune import cli
+from nf4tune.families import DEQUANT
+from nf4tune.kernel.gpu import gpu_available
 
 
 def test_help_lists_subcommands_and_exit_codes(capsys):
@@ -30,7 +30,7 @@ def test_every_subcommand_help_renders_without_format_codes(sub, capsys):
 
 
 def test_version(capsys):
-    from tuner import __version__
+    from nf4tune import __version__
 
     with pytest.raises(SystemExit) as e:
         cli.main(["--version"])
@@ -38,7 +38,7 @@ def test_version(capsys):
 
 
 def test_console_script_is_installed():
-    r = subprocess.run([sys.executable, "-m", "tuner.cli", "space", "--json"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "nf4tune.cli", "space", "--json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["size"] == DEQUANT.space_size()
@@ -82,7 +82,7 @@ def test_bad_input_is_one_line_and_exit_2_before_any_gpu_work(tmp_path, capsys):
 
 
 def test_config_from_a_file(tmp_path, capsys, monkeypatch):
-    from tuner.cli.bench import candidates_from_args
+    from nf4tune.cli.bench import candidates_from_args
 
     f = tmp_path / "c.json"
     f.write_text(json.dumps({"threads": 128, "unroll": 4}))
@@ -141,13 +141,11 @@ def test_compile_cover_compiles_a_covering_sample_and_says_so(tmp_path, capsys):
 
 
 def _h200_copy(tmp_path):
-    import shutil
     from pathlib import Path
 
-    src = Path(__file__).resolve().parent.parent / "examples" / "h200" / "search.db"
-    db = tmp_path / "h200.db"
-    shutil.copy(src, db)
-    return db
+    from conftest import example_db
+
+    return Path(example_db("h200-search", tmp_path))
 
 
 def test_best_and_export_read_the_committed_h200_database_without_changing_it(tmp_path, capsys):
@@ -166,7 +164,7 @@ def test_best_and_export_read_the_committed_h200_database_without_changing_it(tm
     assert cli.main(["best", "--shape", "1234x5678", "--db", str(db)]) == 2
     assert "no valid measurement" in capsys.readouterr().err
     assert db.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["configs.json", "h200.db"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["configs.json", "h200-search.db"]
 
 
 def test_read_only_commands_never_create_a_database(tmp_path, capsys):
@@ -210,7 +208,7 @@ def test_export_refuses_what_is_not_a_regular_file(tmp_path, capsys):
 
 
 def test_export_of_an_empty_database_fails_and_writes_nothing(tmp_path, capsys):
-    from db import Repository, connect
+    from nf4tune.db import Repository, connect
 
     Repository(connect(str(tmp_path / "empty.db")))
     out = tmp_path / "c.json"

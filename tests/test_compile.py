@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-from kernel_templates import render, template_source
-from tuner.families import DEQUANT as D
-from tuner.kernel import compiler as C
-from tuner.kernel.arch import ARCH_TABLE, arch_limits, supported_archs
+from nf4tune.kernel_templates import render, template_source
+from nf4tune.families import DEQUANT as D
+from nf4tune.kernel import compiler as C
+from nf4tune.kernel.arch import ARCH_TABLE, arch_limits, supported_archs
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")
 
@@ -113,3 +113,45 @@ def test_every_distinct_source_compiles(arch, compile_cache):
     assert summary.sources == len(D.distinct_sources(configs))
     assert summary.failures == [], summary.failures[:3]
     assert summary.compiled == summary.sources
+
+
+def test_sass_loops_count_the_body_and_the_first_arms():
+    """nf4tune.kernel.sass on a hand-written listing: one loop of 9 instructions whose if/else's second arm
+    (3 instructions, jumped over by the unconditional branch) is left out of the path; a short loop
+    below the minimum and a forward-only branch are not loops."""
+    from nf4tune.kernel.sass import loops
+
+    lines = ["        /*0000*/                   S2R R0, SR_TID.X ;",
+             ".L_x_0:",
+             "        /*0010*/                   IADD3 R1, R1, 0x1, RZ ;",
+             "        /*0020*/              @P0 BRA `(.L_x_1) ;",
+             "        /*0030*/                   LDG.E R2, desc[UR4][R4.64] ;",
+             "        /*0040*/                   BRA `(.L_x_2) ;",
+             ".L_x_1:",
+             "        /*0050*/                   LDC R3, c[0x0][0x210] ;",
+             "        /*0060*/                   IMAD R2, R3, 0x2, RZ ;",
+             "        /*0070*/                   MOV R6, R2 ;",
+             ".L_x_2:",
+             "        /*0080*/                   FFMA R7, R2, R2, R7 ;",
+             "        /*0090*/              @P1 BRA `(.L_x_0) ;",
+             ".L_x_3:",
+             "        /*00a0*/                   NOP ;",
+             "        /*00b0*/              @P2 BRA `(.L_x_3) ;",
+             "        /*00c0*/                   EXIT ;"]
+    found = loops("\n".join(lines), min_len=5)
+    assert len(found) == 1
+    lp = found[0]
+    assert (lp.start, lp.end, lp.static, lp.path) == (1, 9, 9, 6)
+    assert dict(lp.mix) == {"IADD3": 1, "BRA": 3, "LDG": 1, "FFMA": 1}
+    assert len(loops("\n".join(lines), min_len=2)) == 2
+
+
+def _final(shape, m, bnb_us, rows, gpu="NVIDIA H100 80GB HBM3"):
+    """An exhaustive report as `bench --exhaustive -o` writes it: rows are (label, status, us, knobs)."""
+    results = [dict(label="bnb matmul_4bit", config=None, status="reference", median_us=bnb_us, pct_copy=30.0)]
+    results += [dict(label=lab, config=dict(mma="simt", m=m, **knobs), status=st, median_us=us, pct_copy=70.0)
+                for lab, st, us, knobs in rows]
+    prob = dict(family="matmul", shape=list(shape), dtype="bf16", quant="nf4", blocksize=64, m=m)
+    return dict(problem=prob, final=dict(problem=prob, results=results, peer_label="bnb matmul_4bit",
+                                         gpu_before=dict(gpu_name=gpu)))
+

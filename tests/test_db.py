@@ -3,9 +3,9 @@
 import pytest
 import sqlalchemy as sa
 
-from db import Repository, connect, resolve_url
-from db._engine import DatabaseError, current_revision, head_revision, make_engine, upgrade
-from tuner.vocabulary import Problem
+from nf4tune.db import Repository, connect, resolve_url
+from nf4tune.db._engine import DatabaseError, current_revision, head_revision, make_engine, upgrade
+from nf4tune.vocabulary import Problem
 
 PROBLEM = Problem((4096, 4096), "bf16", "nf4", 64)
 MATMUL = Problem((4096, 4096), "bf16", "nf4", 64, "matmul", 8)
@@ -143,7 +143,7 @@ def test_report_rows_set_aside_a_row_whose_problem_cannot_be_read(tmp_path):
 
 
 def test_the_url_a_report_prints_hides_the_password():
-    from db._engine import Database
+    from nf4tune.db._engine import Database
 
     repo = Repository(Database("postgresql+psycopg://tuner:s3cret@dbhost/nf4tune", engine=None))
     assert repo.display_url == "postgresql+psycopg://tuner:***@dbhost/nf4tune"

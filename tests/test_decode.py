@@ -6,7 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 bnb = pytest.importorskip("bitsandbytes")
 
-from tuner.serve.decode import format_decode, free_4bit_linears, linear4bit_bytes, quantize_linears  # noqa: E402
+from nf4tune.bench.decode import format_decode, free_4bit_linears, linear4bit_bytes, quantize_linears  # noqa: E402
 
 
 def test_free_4bit_linears_return_shared_zeros_and_put_the_forward_back():
@@ -66,7 +66,7 @@ def test_decode_benchmark_records_each_variant_per_batch(monkeypatch):
     """The benchmark's orchestration with the GPU parts replaced by doubles (the model, the timed steps, the
     ceiling): bf16, bnb, patched and no-4bit per batch, in that order, with the patched calls counted and the
     bytes and ceiling carried into the result."""
-    from tuner.serve import decode
+    from nf4tune.bench import decode
 
     ms = {"bf16": 9.0, "bnb": 7.5, "patched": 6.0, "no-4bit": 2.5}
     state = {"variant": "bf16"}
@@ -96,7 +96,7 @@ def test_decode_benchmark_records_each_variant_per_batch(monkeypatch):
     monkeypatch.setattr(decode, "read_ceiling_gbps", lambda: 4000.0)
     monkeypatch.setattr(decode, "decode_step_times", steps)
     monkeypatch.setattr(decode, "free_4bit_linears", lambda: Variant("no-4bit"))
-    monkeypatch.setattr("tuner.serve.patch.patch_bitsandbytes", lambda: Variant("patched"))
+    monkeypatch.setattr("nf4tune.serve.patch.patch_bitsandbytes", lambda: Variant("patched"))
     said = []
     d = decode.decode_benchmark(batches=(1, 8), layers=2, progress=said.append)
     assert [(r["variant"], r["batch"], r["step_ms"]) for r in d["results"]] == [

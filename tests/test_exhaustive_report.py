@@ -1,5 +1,5 @@
 """The exhaustive screen's report keeps why each failing config failed, and groups alike reasons."""
-from tuner.tune.exhaustive import ExhaustiveReport
+from nf4tune.tune.exhaustive import ExhaustiveReport
 
 
 def test_failure_reasons_group_reasons_that_differ_only_in_numbers():

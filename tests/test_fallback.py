@@ -4,12 +4,12 @@ path runs on the GPU (ci/gpu-session.sh coverage)."""
 
 import pytest
 
-import tuner.measure.bench as bench_mod
-from tuner.families import DEQUANT
-from tuner.measure.bench import BenchResult, ProblemReport
-from tuner.serve.fallback import fallback_distance, format_fallback
-from tuner.serve.table import ConfigTable
-from tuner.vocabulary import Problem
+import nf4tune.measure.bench as bench_mod
+from nf4tune.families import DEQUANT
+from nf4tune.measure.bench import BenchResult, ProblemReport
+from nf4tune.bench.fallback import fallback_distance, format_fallback
+from nf4tune.serve.table import ConfigTable
+from nf4tune.vocabulary import Problem
 
 GPU = "NVIDIA H200"
 NEAR = DEQUANT.config(bytes_per_thread=4, unroll=4, threads=128, lut="shared", index="hoisted", dtype="bf16",

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from tuner.family import Constraint, DeviceLimits, Knob
-from tuner.families import DEQUANT as D, FAMILIES, get
-from tuner.vocabulary import InvalidConfig, Problem
+from nf4tune.family import Constraint, DeviceLimits, Knob
+from nf4tune.families import DEQUANT as D, FAMILIES, get
+from nf4tune.vocabulary import InvalidConfig, Problem
 
 BF16 = dict(dtype=["bf16"], quant=["nf4"])
 
@@ -176,7 +176,7 @@ def test_space_restricted_by_tunable_knobs():
 def test_the_pruned_walk_finds_exactly_the_product_filtered_by_every_constraint(family_name):
     """The space enumeration prunes as soon as a constraint's knobs have values; it must keep
     exactly the combinations (and their order) that filtering the whole product keeps."""
-    from tuner.families import DEQUANT, MATMUL
+    from nf4tune.families import DEQUANT, MATMUL
 
     fam = {"dequant": DEQUANT, "matmul": MATMUL}[family_name]
     fam = fam.extended()            # a fresh copy: no cached choices

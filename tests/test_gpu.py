@@ -6,11 +6,11 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 
-from tuner.families import DEQUANT as D
-from tuner.families.dequant import odd_shape
-from tuner.kernel.launch import LoadedKernel, load_kernel
-from tuner.measure.gate import check_config
-from tuner.vocabulary import DTYPES, QUANTS, Problem, UnsupportedInput
+from nf4tune.families import DEQUANT as D
+from nf4tune.families.dequant import odd_shape
+from nf4tune.kernel.launch import LoadedKernel, load_kernel
+from nf4tune.measure.gate import check_config
+from nf4tune.vocabulary import DTYPES, QUANTS, Problem, UnsupportedInput
 
 LUTS = D.knob("lut").values
 INDEXES = D.knob("index").values
@@ -23,7 +23,7 @@ def preset(name, dtype="bf16", quant="nf4"):
 @pytest.fixture(scope="module", autouse=True)
 def precompiled():
     """Compile the configs of this module in parallel once (the disk cache serves the rest)."""
-    from tuner.kernel.compiler import compile_many, visible_arch
+    from nf4tune.kernel.compiler import compile_many, visible_arch
 
     configs = [preset("blog", d, q).replace(lut=l, index=i) for d in DTYPES for q in QUANTS
                for l in LUTS for i in INDEXES]

@@ -5,35 +5,38 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("tuner", "db", "reports", "kernel_templates")
+#: repository folder -> the import name it installs as (pyproject's package-dir)
+PACKAGES = {"tuner": "nf4tune", "db": "nf4tune.db", "reports": "nf4tune.reports",
+            "kernel_templates": "nf4tune.kernel_templates"}
 
 # layer of a module (longest matching prefix); an import must go to a lower layer or stay inside
 # its own folder
 LAYERS = [
-    ("tuner.vocabulary", 0),
-    ("tuner._files", 0),
-    ("tuner._version", 0),
-    ("kernel_templates", 0),
-    ("tuner.family", 1),
-    ("tuner.families", 2),
-    ("db", 3),
-    ("tuner.kernel", 4),
-    ("tuner.measure", 5),
-    ("tuner.serve", 6),
-    ("tuner.tune", 7),
-    ("tuner.track", 8),
-    ("reports", 9),
-    ("tuner.cli", 10),
-    ("tuner", 11),          # the package's public API re-exports
+    ("nf4tune.vocabulary", 0),
+    ("nf4tune._files", 0),
+    ("nf4tune._version", 0),
+    ("nf4tune.kernel_templates", 0),
+    ("nf4tune.family", 1),
+    ("nf4tune.families", 2),
+    ("nf4tune.db", 3),
+    ("nf4tune.kernel", 4),
+    ("nf4tune.measure", 5),
+    ("nf4tune.serve", 6),
+    ("nf4tune.tune", 7),
+    ("nf4tune.bench", 8),
+    ("nf4tune.track", 8),
+    ("nf4tune.reports", 9),
+    ("nf4tune.cli", 10),
+    ("nf4tune", 11),          # the package's public API re-exports
 ]
 
 
 def _modules() -> dict:
     mods = {}
-    for pkg in PACKAGES:
-        for path in (ROOT / pkg).rglob("*.py"):
-            rel = path.relative_to(ROOT).with_suffix("")
-            parts = list(rel.parts)
+    for folder, name in PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            rel = path.relative_to(ROOT / folder).with_suffix("")
+            parts = name.split(".") + list(rel.parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             if "migrations" in parts:
@@ -127,9 +130,9 @@ def _layer(mod: str) -> tuple:
 
 def test_the_graph_is_parsed():
     g = _graph()
-    assert "tuner.measure.bench" in g and "tuner.kernel.launch" in g["tuner.measure.bench"]
+    assert "nf4tune.measure.bench" in g and "nf4tune.kernel.launch" in g["nf4tune.measure.bench"]
     # a function-level import is an edge too
-    assert "tuner.measure.bench" in g["tuner.tune.worker"]
+    assert "nf4tune.measure.bench" in g["nf4tune.tune.worker"]
 
 
 def test_no_import_cycles():
@@ -153,18 +156,18 @@ def test_imports_point_down_the_layers():
 def test_the_store_and_the_families_know_nothing_above_them():
     g = _graph()
     for mod, deps in g.items():
-        if mod.startswith("db"):
-            assert {d for d in deps if d.startswith("tuner")} <= {"tuner.vocabulary"}, (mod, deps)
-        if mod.startswith("tuner.families"):
-            assert all(d.startswith(("tuner.family", "tuner.vocabulary", "tuner.families", "kernel_templates"))
-                       for d in deps), (mod, deps)
+        if mod.startswith("nf4tune.db"):
+            assert {d for d in deps if not d.startswith("nf4tune.db")} <= {"nf4tune.vocabulary"}, (mod, deps)
+        if mod.startswith("nf4tune.families"):
+            assert all(d.startswith(("nf4tune.family", "nf4tune.vocabulary", "nf4tune.families",
+                                     "nf4tune.kernel_templates")) for d in deps), (mod, deps)
 
 
 def test_every_direct_cuda_call_lives_in_the_kernel_layer():
-    """cuda.core / cuda.bindings are imported by tuner.kernel only (and the timing's NVML)."""
+    """cuda.core / cuda.bindings are imported by nf4tune.kernel only (and the timing's NVML)."""
     offenders = []
     for mod, path in _modules().items():
-        if mod.startswith("tuner.kernel"):
+        if mod == "nf4tune.kernel" or mod.startswith("nf4tune.kernel."):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = []

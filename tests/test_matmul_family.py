@@ -9,23 +9,23 @@ import pytest
 torch = pytest.importorskip("torch")
 import bitsandbytes.functional as F
 
-from tuner.families import MATMUL as MM
-from tuner.families.matmul import MatmulPlan, check_matmul_inputs, error_bound, gamma
-from tuner.family import DeviceLimits
-from tuner.vocabulary import M_BUCKETS, InvalidConfig, Problem, UnsupportedInput
+from nf4tune.families import MATMUL as MM
+from nf4tune.families.matmul import MatmulPlan, check_matmul_inputs, error_bound, gamma
+from nf4tune.family import DeviceLimits
+from nf4tune.vocabulary import M_BUCKETS, InvalidConfig, Problem, UnsupportedInput
 
 LIMITS = DeviceLimits(sm_count=132)
 
 
 def _shortest_loop(cubin):
     """The loop of at least 150 instructions with the shortest path in ``cubin``'s SASS (a kernel's main loop)."""
-    from tuner.kernel.sass import disassemble, loops
+    from nf4tune.kernel.sass import disassemble, loops
 
     return min(loops(disassemble(cubin), min_len=150), key=lambda lp: lp.path)
 
 
 def _nvdisasm_found() -> bool:
-    from tuner.kernel.sass import find_nvdisasm
+    from nf4tune.kernel.sass import find_nvdisasm
 
     try:
         find_nvdisasm()
@@ -88,7 +88,7 @@ def test_paths_and_constraints():
 
 
 def test_ring_registers_and_shared_memory():
-    from tuner.families.matmul import ks_registers, ring_bytes
+    from nf4tune.families.matmul import ks_registers, ring_bytes
 
     # registers: W and the statistics are in the ring; A for two groups
     assert ks_registers(16, 16, 8, 1, 0, stages=4) == 2 * 16
@@ -106,7 +106,7 @@ def test_ring_registers_and_shared_memory():
 
 
 def test_bulk_feed_constraints_registers_and_shared_memory():
-    from tuner.families.matmul import bulk_ring_bytes, bulk_row_bytes, bulk_stage_bytes, ks_registers
+    from nf4tune.families.matmul import bulk_ring_bytes, bulk_row_bytes, bulk_stage_bytes, ks_registers
 
     ks = dict(mma="mma-ks", rows_per_warp=32, mtile=8, scale="block", load_bytes=8, warps=8, unroll=2, m=1)
     assert MM.config(**ks, stages=4, feed="bulk").feed == "bulk"
@@ -152,7 +152,7 @@ def test_bulk_feed_constraints_registers_and_shared_memory():
 
 
 def test_bulk_feed_compiles_for_hopper_and_says_why_not_for_ampere(compile_cache):
-    from tuner.kernel.compiler import CompileError, compile_config
+    from nf4tune.kernel.compiler import CompileError, compile_config
 
     c = MM.config(mma="mma-ks", rows_per_warp=32, mtile=8, scale="block", load_bytes=8, warps=8, unroll=2,
                   lut="pair", stages=4, feed="bulk", m=1)
@@ -257,8 +257,8 @@ def test_error_bound_is_derived_from_the_arithmetic():
 def test_the_runtime_serves_only_what_beat_bnb(tmp_path):
     import json
 
-    from tuner.serve import matmul as rt
-    from tuner.serve import table
+    from nf4tune.serve import matmul as rt
+    from nf4tune.serve import table
 
     fast = dict(gpu="GPU X", family="matmul", shape=[4096, 4096], dtype="bf16", quant="nf4", blocksize=64, m=1,
                 config=MM.builtin_default(P()).to_dict(), median_us=5.0, speedup_vs_bnb=4.0)
@@ -278,7 +278,7 @@ def test_the_runtime_serves_only_what_beat_bnb(tmp_path):
 
 
 def test_a_sample_of_the_space_compiles_for_hopper_blackwell_and_rtx50(compile_cache):
-    from tuner.kernel.compiler import compile_many
+    from nf4tune.kernel.compiler import compile_many
 
     configs = list(MM.iter_space(quant=["nf4"], m=[8]))
     sample = random.Random(1).sample(list(MM.distinct_sources(configs).values()), 12)
@@ -292,7 +292,7 @@ def test_every_three_source_knob_values_together_compile_for_sm90(compile_cache)
     that some source has (274 of 20,000 sources); the whole space is the slow test below."""
     import os
 
-    from tuner.kernel.compiler import compile_many
+    from nf4tune.kernel.compiler import compile_many
 
     sample = MM.covering_sources(MM.iter_space(dtype=["bf16"], quant=["nf4"]), 3)
     summary = compile_many(sample, "sm_90", workers=os.cpu_count(), cache_dir=compile_cache)
@@ -306,7 +306,7 @@ def test_every_three_source_knob_values_together_compile_for_sm90(compile_cache)
 def test_every_distinct_matmul_source_compiles_for_sm90(compile_cache):
     import os
 
-    from tuner.kernel.compiler import compile_many
+    from nf4tune.kernel.compiler import compile_many
 
     configs = list(MM.iter_space(dtype=["bf16"], quant=["nf4"]))
     summary = compile_many(configs, "sm_90", workers=os.cpu_count(), cache_dir=compile_cache)
@@ -344,8 +344,8 @@ def _assert_one_permute_offsets(lane_offset, seed):
 def _assert_bound_and_registers(simt, lut, dtypes, bound_like, rounded, fits, compile_cache):
     """For each dtype: the codes rounded or not, the error bound that of lut ``bound_like``, and the
     source compiled for sm_90 without spills within ``fits(registers)``."""
-    from tuner.families.matmul import rounded_codes
-    from tuner.kernel.compiler import compile_config
+    from nf4tune.families.matmul import rounded_codes
+    from nf4tune.kernel.compiler import compile_config
 
     S = torch.ones(1, 4, dtype=torch.float64)
     y = torch.zeros(1, 4, dtype=torch.float64)
@@ -420,8 +420,8 @@ def test_the_tile_scale_table_constraints_registers_and_shared_memory(compile_ca
     feed; no statistics registers in flight (one block column per window); the table (a float per
     block column of the K slice, plus one for a slice inside a block, x the tile's rows + 1) sized
     into the plan after the partial sums and the rings; the template refuses the bulk feed with it."""
-    from tuner.families.matmul import ks_registers, ring_bytes, scale_table_bytes
-    from tuner.kernel.compiler import CompileError, compile_source
+    from nf4tune.families.matmul import ks_registers, ring_bytes, scale_table_bytes
+    from nf4tune.kernel.compiler import CompileError, compile_source
 
     ks = dict(mma="mma-ks", rows_per_warp=32, mtile=8, scale="block", load_bytes=8, warps=8, unroll=2, m=1)
     assert MM.config(**ks, stats="tile").stats == "tile"
@@ -469,7 +469,7 @@ def test_simt_with_the_16_bit_pair_decodes(compile_cache):
     """SIMT with lut prmt / pairx: bf16 and fp16 only; the codes are rounded to the activation dtype,
     so the bound allows the operand rounding (as on the tensor cores); pairx's 64 KiB table is dynamic
     shared memory before A's staging and needs the opt-in; both compile for sm_90 without spills."""
-    from tuner.kernel.compiler import compile_config
+    from nf4tune.kernel.compiler import compile_config
 
     simt = dict(load_bytes=16, rows_per_warp=4, warps=2, mtile=1, m=1)
     S = torch.ones(1, 4, dtype=torch.float64)
@@ -547,7 +547,7 @@ def test_simt_full_warps_take_the_unchecked_loads(compile_cache):
     kind (nested or plain) fixed at compile time; the last warps keep the checked loads. The three
     instantiations are in every SIMT source, and r4 with the register prefetch and A staged fits two
     14-warp CTAs per SM (at most 73 registers) without spills."""
-    from tuner.kernel.compiler import compile_config
+    from nf4tune.kernel.compiler import compile_config
 
     c = MM.config(load_bytes=16, rows_per_warp=4, warps=14, mtile=1, m=1, lut="pairx", astage="shared", prefetch=1)
     src = c.render()
@@ -563,7 +563,7 @@ def test_simt_a_staged_lane_major_and_16_warp_ctas(compile_cache):
     chunk of A is live: r4 with the pair table fits 64 registers without spills (two 16-warp CTAs, 32
     warps, per SM), where reading the whole run of A from global memory holds more. 16-warp CTAs are
     SIMT's only; the plan sizes the pair table and the stage and runs 512 threads."""
-    from tuner.kernel.compiler import compile_config
+    from nf4tune.kernel.compiler import compile_config
 
     c = MM.config(load_bytes=16, rows_per_warp=4, warps=16, mtile=1, m=1, lut="pairx", astage="shared")
     staged = compile_config(c, "sm_90", cache_dir=compile_cache)
@@ -587,8 +587,8 @@ def test_the_row_tile_tensor_core_path(compile_cache):
     stage (only the batch rows a launch has, rows a pitch of 64 mod 128 bytes apart) after the pair table,
     and the refusals at plan time (a window must lie in one block; the stage must fit); the source's
     three instantiations; the compiled shapes that fit two CTAs of 14 or 16 warps per SM without spills."""
-    from tuner.families.matmul import rows_registers, rows_stage_bytes
-    from tuner.kernel.compiler import compile_config
+    from nf4tune.families.matmul import rows_registers, rows_stage_bytes
+    from nf4tune.kernel.compiler import compile_config
 
     rows = dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=8, scale="block", astage="shared", lut="pairx")
     c = MM.config(**rows, unroll=2, prefetch=1, warps=14, m=1)
@@ -653,8 +653,8 @@ def test_windows_over_several_blocks_take_their_own_batch_columns(compile_cache)
     values, batch rows per CTA under the bucket, a 16-row tile that one n8 covers), its label (span 1 keeps the
     old labels), the registers of a quad's statistics slots, the plan (the span must match the blocksize;
     mtile / span batch rows per CTA in the grid and the stage) and the source's layout."""
-    from tuner.families.matmul import rows_registers, rows_span, rows_stage_bytes
-    from tuner.kernel.compiler import compile_config
+    from nf4tune.families.matmul import rows_registers, rows_span, rows_stage_bytes
+    from nf4tune.kernel.compiler import compile_config
 
     rows = dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, scale="block", astage="shared",
                 lut="pairx", warps=14, unroll=2, prefetch=1)
@@ -711,8 +711,8 @@ def test_the_span_loop_loads_w_in_16_bytes_with_fewer_instructions_per_byte(comp
     """What span buys, in the SASS (sm_90): at blocksize 64 the 16-byte loads of span 2 (groups of 2 windows,
     64 packed bytes per lane with the prefetch) replace the 8-byte loads of span 1 (groups of 4): W's loads in
     the loop are all 16 bytes wide and the loop's shortest path takes no more instructions per packed byte."""
-    from tuner.kernel.compiler import compile_config
-    from tuner.kernel.sass import disassemble, find_nvdisasm, loops
+    from nf4tune.kernel.compiler import compile_config
+    from nf4tune.kernel.sass import disassemble, find_nvdisasm, loops
 
     try:
         find_nvdisasm()
@@ -745,8 +745,8 @@ def test_prmt_quarters_move_a_quarter_of_the_lookups_each_to_permutes(compile_ca
     64 packed bytes per lane): each quarter takes 16 of the pair table's 64 shared loads out of the loop and puts
     permutes in their place (prmt's byte tables); the loads of W and the mmas stay as they are. Refused off
     mma-rows / pairx and with 4-byte loads."""
-    from tuner.kernel.compiler import compile_config
-    from tuner.kernel.sass import find_nvdisasm
+    from nf4tune.kernel.compiler import compile_config
+    from nf4tune.kernel.sass import find_nvdisasm
 
     try:
         find_nvdisasm()
@@ -774,7 +774,7 @@ def test_a_register_cap_bounds_the_registers_and_fits_more_warps(compile_cache):
     (8-byte loads, unroll 4, no prefetch) takes more than 80 registers uncapped and at most the cap with it, so
     an SM's register sub-partitions hold 6 of its warps (cap 80) or 7 (cap 72) where they hold 4 uncapped; the
     cap keeps the loop's HMMAs and W loads. Refused off mma-rows and with stream-K."""
-    from tuner.kernel.compiler import compile_config
+    from nf4tune.kernel.compiler import compile_config
 
     rows = dict(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=16, warps=12, ksplit=4, scale="block",
                 lut="pair", astage="shared", unroll=4, prefetch=0, m=16)
@@ -806,7 +806,7 @@ def test_a_chunk_at_a_time_frees_registers_and_keeps_the_loop(compile_cache):
     once (sm_90): the served M = 16 shape of the H100 and the 16-byte span-2 32-row batch tile both take fewer
     registers without spills, enough for more warps an SM, and the loop keeps its HMMAs, W loads and A's shared
     loads (only their order changes). Refused off mma-rows."""
-    from tuner.kernel.compiler import compile_config
+    from nf4tune.kernel.compiler import compile_config
 
     sass = _nvdisasm_found()
     shapes = (
@@ -841,8 +841,8 @@ def test_two_groups_ahead_fit_a_16_warp_cta_and_keep_the_loop(compile_cache):
     """prefetch 2 on the span loop (sm_90): no spills, 16 warps with the 8-row batch tile still fit an SM's registers,
     and the loop computes what prefetch 1's does (the same mmas and W loads per group: only the issue point
     moves). Refused off mma-rows, off 16-byte loads, and past its registers of loads in flight."""
-    from tuner.kernel.compiler import compile_config
-    from tuner.kernel.sass import find_nvdisasm
+    from nf4tune.kernel.compiler import compile_config
+    from nf4tune.kernel.sass import find_nvdisasm
 
     try:
         find_nvdisasm()
@@ -871,8 +871,8 @@ def test_the_row_tile_loop_takes_about_half_the_instructions_per_byte_of_simts(c
     warps, groups of 4 windows, the prefetch: 64 packed bytes per lane) costs at most 0.6 of the
     instructions per packed byte of SIMT's served loop (16-byte loads, 4 rows, the prefetch: 64 bytes
     per lane). The shortest path of each kernel's loops is compared (both: plain statistics, full warps)."""
-    from tuner.kernel.compiler import compile_config
-    from tuner.kernel.sass import disassemble, find_nvdisasm, loops
+    from nf4tune.kernel.compiler import compile_config
+    from nf4tune.kernel.sass import disassemble, find_nvdisasm, loops
 
     try:
         find_nvdisasm()
@@ -893,7 +893,7 @@ def test_the_row_tile_loop_takes_about_half_the_instructions_per_byte_of_simts(c
 # ----------------------------------------------------------------------------- stream-K (mma-rows, persist)
 @pytest.mark.parametrize("units, ctas", [(1, 1), (7, 7), (3584, 132), (32, 5), (208, 4), (1000, 999), (13, 2)])
 def test_stream_k_runs_cover_every_unit_once_and_count_each_tiles_ctas(units, ctas):
-    from tuner.families.matmul import stream_k_cta, stream_k_parts, stream_k_runs
+    from nf4tune.families.matmul import stream_k_cta, stream_k_parts, stream_k_runs
 
     runs = stream_k_runs(units, ctas)
     assert runs[0][0] == 0 and runs[-1][1] == units and all(a[1] == b[0] for a, b in zip(runs, runs[1:]))
@@ -913,7 +913,7 @@ def test_stream_k_runs_cover_every_unit_once_and_count_each_tiles_ctas(units, ct
 
 
 def test_stream_k_plans_one_even_run_per_resident_cta():
-    from tuner.families.matmul import rows_stage_bytes
+    from nf4tune.families.matmul import rows_stage_bytes
 
     knobs = dict(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, scale="block", astage="shared",
                  lut="pairx", unroll=2, prefetch=1, span=2, m=1)
@@ -952,8 +952,8 @@ def test_stream_k_slices_keep_the_one_slice_loop(compile_cache):
     the pair table's base to every lookup): at the served span shape (sm_90), its group loops hold no local
     memory, keep the mmas and W loads per group, take at most 10% more instructions than the one-slice kernel's,
     and 16 warps fit."""
-    from tuner.kernel.compiler import compile_config
-    from tuner.kernel.sass import disassemble, find_nvdisasm, loops
+    from nf4tune.kernel.compiler import compile_config
+    from nf4tune.kernel.sass import disassemble, find_nvdisasm, loops
 
     try:
         find_nvdisasm()
@@ -978,8 +978,8 @@ def test_the_32_row_batch_tile_of_mma_rows(compile_cache):
     batch 16: W read once, where mtile 16 at span 2 holds 8 rows and reads it twice) and 32 at span 1; refused
     where the batch fills at most half of it; the plan's grid and stage count mtile / span batch rows; the
     sources compile for sm_90 without spilling."""
-    from tuner.families.matmul import rows_stage_bytes
-    from tuner.kernel.compiler import compile_config
+    from nf4tune.families.matmul import rows_stage_bytes
+    from nf4tune.kernel.compiler import compile_config
 
     rows = dict(mma="mma-rows", rows_per_warp=16, mtile=32, scale="block", astage="shared", lut="pairx", warps=8,
                 unroll=2, prefetch=1)

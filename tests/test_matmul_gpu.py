@@ -13,11 +13,11 @@ torch = pytest.importorskip("torch")
 import bitsandbytes as bnb
 import bitsandbytes.functional as F
 
-from tuner.families import MATMUL as MM
-from tuner.families.matmul import gamma, rows_span
-from tuner.kernel.launch import LoadedKernel
-from tuner.measure.gate import check_config
-from tuner.vocabulary import Problem
+from nf4tune.families import MATMUL as MM
+from nf4tune.families.matmul import gamma, rows_span
+from nf4tune.kernel.launch import LoadedKernel
+from nf4tune.measure.gate import check_config
+from nf4tune.vocabulary import Problem
 
 T = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -282,7 +282,7 @@ def _same_output_as(seed, m, knobs, other):
     """The config ``knobs`` writes exactly what the same config with ``other``'s knobs changed writes (nf4 and
     fp4, bf16 and fp16, odd N, a K of several groups and a partial last one), leaves no NaN of the poisoned
     output, and passes the gate at 28672x8192."""
-    from tuner.kernel.launch import bind, load_kernel
+    from nf4tune.kernel.launch import bind, load_kernel
 
     bs = 8 * knobs["load_bytes"] // knobs.get("span", 1) if knobs.get("span", 1) > 1 else 64
     for dtype in ("bf16", "fp16"):
@@ -361,8 +361,8 @@ def test_stream_k_over_any_count_of_ctas(seed, index):
     and the candidate at 28672x8192 and 1024x4096."""
     from dataclasses import replace
 
-    from tuner.kernel.arch import device_limits
-    from tuner.kernel.launch import bind, load_kernel
+    from nf4tune.kernel.arch import device_limits
+    from nf4tune.kernel.launch import bind, load_kernel
 
     m, knobs = CONFIGS[index]
     bs = 8 * knobs["load_bytes"] // knobs["span"] if knobs.get("span", 1) > 1 else 64
@@ -393,7 +393,7 @@ def test_stream_k_over_any_count_of_ctas(seed, index):
 def test_plain_absmax(seed):
     from dataclasses import replace
 
-    from tuner.kernel.launch import bind, load_kernel
+    from nf4tune.kernel.launch import bind, load_kernel
 
     prob = P(300, 1024, 2)
     inputs = MM.make_inputs(prob, prob.shape, seed)
@@ -432,7 +432,7 @@ def test_the_scale_table_with_large_blocks_and_slices_inside_a_block(seed):
     B, qs = F.quantize_4bit(w, blocksize=4096, compress_statistics=False, quant_type="nf4")
     plain = replace(inputs, B=B, qs=qs, ref={})
     want = MM.expected(plain)
-    from tuner.kernel.launch import bind, load_kernel
+    from nf4tune.kernel.launch import bind, load_kernel
 
     for knobs in (CONFIGS[25][1], CONFIGS[26][1], CONFIGS[29][1]):
         c = MM.config(**dict(knobs, ksplit=8), m=1)
@@ -447,7 +447,7 @@ def test_the_float_pair_table_sums_as_the_16_entry_table_bit_for_bit(seed, dtype
     """lut pairf looks up both exact codes of a packed byte at once; the products and their order are
     lut shared's, so without split-K (whose atomics add in any order) the outputs are equal bit for bit,
     at odd N, M not a multiple of the tile and K up to 8192."""
-    from tuner.kernel.launch import bind, load_kernel
+    from nf4tune.kernel.launch import bind, load_kernel
 
     for n, k, m in ((1000, 2048, 3), (4099, 8192, 1)):
         prob = P(n, k, m, dtype)
@@ -483,7 +483,7 @@ def test_the_gate_rejects_wrong_kernels(seed):
 
 
 def _table_with(tmp_path, entries):
-    from tuner.serve import table
+    from nf4tune.serve import table
 
     path = tmp_path / "t.json"
     path.write_text(json.dumps(dict(format=2, entries=entries)))
@@ -496,8 +496,8 @@ def _entry(gpu, n, k, m, config, speedup):
 
 
 def test_runtime_and_patch_serve_only_where_faster(seed, tmp_path):
-    from tuner import serve
-    from tuner.serve import table
+    from nf4tune import serve
+    from nf4tune.serve import table
 
     gpu = torch.cuda.get_device_name(0)
     torch.manual_seed(seed)
@@ -540,8 +540,8 @@ def test_deterministic_mode_serves_only_order_free_sums(seed, tmp_path):
     """Under torch.use_deterministic_algorithms(True) a variant that adds more than two split-K parts of an
     output with fp32 atomics is not served (bnb serves, counted, explain_matmul says why, bnb's bits); one of
     two parts (an order-free sum) still is, the same bits twice; with the mode off both are served."""
-    from tuner import serve
-    from tuner.serve import table
+    from nf4tune import serve
+    from nf4tune.serve import table
 
     gpu = torch.cuda.get_device_name(0)
     torch.manual_seed(seed)
@@ -581,8 +581,8 @@ def test_deterministic_mode_serves_only_order_free_sums(seed, tmp_path):
 def test_cuda_graph_capture_and_torch_compile(seed, tmp_path, index):
     """Served under a CUDA graph and torch.compile: split-K (the workspace fix-up in a graph) and stream-K
     (tiles cut between CTAs: the workspace and the tiles' counters put back to zero for the next replay)."""
-    from tuner import serve
-    from tuner.serve import table
+    from nf4tune import serve
+    from nf4tune.serve import table
 
     gpu = torch.cuda.get_device_name(0)
     torch.manual_seed(seed)

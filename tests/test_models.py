@@ -1,12 +1,12 @@
 """Whole models: the distinct 4-bit weight shapes of a Hugging Face config, per tensor-parallel
-degree (tuner.tune.models), on the configs committed under examples/models/."""
+degree (nf4tune.tune.models), on the configs committed under examples/models/."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from tuner.tune.models import ModelError, load_config, model_shapes, shapes_from_config, shapes_of_models
+from nf4tune.tune.models import ModelError, load_config, model_shapes, shapes_from_config, shapes_of_models
 
 MODELS = Path(__file__).resolve().parent.parent / "examples" / "models"
 
@@ -131,8 +131,8 @@ def test_bad_configs_are_one_line_errors(tmp_path, content, message):
 
 # -- the command line ------------------------------------------------------------------------
 def _problems(argv):
-    from tuner import cli
-    from tuner.cli._common import problems_from_args
+    from nf4tune import cli
+    from nf4tune.cli._common import problems_from_args
 
     return problems_from_args(cli.build_parser().parse_args(argv))
 
@@ -151,7 +151,7 @@ def test_search_and_bench_take_models_and_shapes_together():
 
 @pytest.mark.parametrize("sub", ["search", "bench"])
 def test_bad_model_input_is_one_line_and_exit_2_before_any_work(sub, tmp_path, capsys):
-    from tuner import cli
+    from nf4tune import cli
 
     notjson = tmp_path / "config.json"
     notjson.write_text("model_type: llama")
@@ -177,14 +177,14 @@ def test_bad_model_input_is_one_line_and_exit_2_before_any_work(sub, tmp_path, c
 
 
 def test_search_needs_a_shape_or_a_model(capsys):
-    from tuner import cli
+    from nf4tune import cli
 
     assert cli.main(["search"]) == 2
     assert "give at least one --shape or --model" in capsys.readouterr().err
 
 
 def test_search_checks_the_heartbeat_settings_first(monkeypatch, capsys):
-    from tuner import cli
+    from nf4tune import cli
 
     monkeypatch.setenv("NF4TUNE_GRACE_S", "1")
     monkeypatch.setenv("NF4TUNE_HEARTBEAT_S", "5")

@@ -9,11 +9,11 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner import cli
-from tuner.tune import multigpu
-from tuner.tune.multigpu import devices_for, parse_gpus, search_on_gpus
-from tuner.tune.search import study_name
-from tuner.vocabulary import Problem
+from nf4tune import cli
+from nf4tune.tune import multigpu
+from nf4tune.tune.multigpu import devices_for, parse_gpus, search_on_gpus
+from nf4tune.tune.search import study_name
+from nf4tune.vocabulary import Problem
 
 TESTS = str(Path(__file__).resolve().parent)
 
@@ -54,7 +54,7 @@ def test_two_gpu_workers_fill_the_shared_studies_with_distinct_trials(tmp_path, 
     # each worker measured its share under its own run, and no config was measured twice: one
     # worker queues the start points, a queued trial is taken by one worker, and a config the
     # other worker is measuring is waited for and served from the database
-    from db import Repository, connect
+    from nf4tune.db import Repository, connect
 
     repo = Repository(connect(url))
     runs = repo.runs("search")
@@ -90,7 +90,7 @@ def test_cli_gpus_is_checked_before_any_work(tmp_path, capsys, monkeypatch):
             cli.main(["search", "--shape", "64x64", "--gpus", value, "--db", str(db)])
         assert e.value.code == 2
         assert "--gpus" in capsys.readouterr().err
-    from tuner.kernel import gpu as gpu_mod
+    from nf4tune.kernel import gpu as gpu_mod
 
     monkeypatch.setattr(gpu_mod, "visible_gpu_count", lambda: 0)
     assert cli.main(["search", "--shape", "64x64", "--gpus", "all", "--db", str(db)]) == 2
@@ -104,7 +104,7 @@ def test_cli_gpus_is_checked_before_any_work(tmp_path, capsys, monkeypatch):
 
 def test_cli_gpus_runs_a_worker_per_gpu_and_fails_when_one_fails(tmp_path, capsys, monkeypatch, child_path,
                                                                  start_together):
-    from tuner.kernel import gpu as gpu_mod
+    from nf4tune.kernel import gpu as gpu_mod
 
     monkeypatch.setattr(gpu_mod, "visible_gpu_count", lambda: 2)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

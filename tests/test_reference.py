@@ -1,4 +1,4 @@
-"""tuner.measure.reference against bitsandbytes' own CPU path, bit for bit."""
+"""nf4tune.measure.reference against bitsandbytes' own CPU path, bit for bit."""
 
 import itertools
 
@@ -8,7 +8,7 @@ import torch
 
 bnb_F = pytest.importorskip("bitsandbytes.functional")
 
-from tuner.measure import reference as R
+from nf4tune.measure import reference as R
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 # element counts not divisible by the blocksize, by 2 or by 16; 1-D and 2-D

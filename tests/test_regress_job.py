@@ -1,18 +1,18 @@
-"""The nightly job's orchestration (tuner.track.nightly.run_regress) against a real database, with a
+"""The nightly job's orchestration (nf4tune.track.nightly.run_regress) against a real database, with a
 test double for the GPU measurement; and `nf4-tune regress`'s exit codes."""
 
 import random
 
 
-from tuner import cli
-from tuner.cli.regress import format_regress
-from tuner.families import DEQUANT
-from tuner.families.dequant import REF_BNB
-from tuner.kernel.gpu import GPUInfo
-from tuner.measure.bench import BenchResult, ProblemReport
-from tuner.track.nightly import run_regress
-from tuner.vocabulary import Problem
-from db import Repository, connect
+from nf4tune import cli
+from nf4tune.cli.regress import format_regress
+from nf4tune.families import DEQUANT
+from nf4tune.families.dequant import REF_BNB
+from nf4tune.kernel.gpu import GPUInfo
+from nf4tune.measure.bench import BenchResult, ProblemReport
+from nf4tune.track.nightly import run_regress
+from nf4tune.vocabulary import Problem
+from nf4tune.db import Repository, connect
 
 GPU = GPUInfo("NVIDIA H200", "sm_90", (9, 0), 132, 62914560, 150 << 30, "580.1")
 ENV = dict(project_version="0.1.0", git_commit="abc", nvrtc="13.0", driver="580.1", cuda_python="x", bnb="0.50.2",
@@ -50,7 +50,7 @@ class FakeMeasure:
             r = BenchResult(label, config.to_dict(), "invalid", "shape (4096, 4096): 17 of 16777216 elements differ")
         else:
             r = BenchResult(label, config.to_dict(), "ok", "", med, 0.1, tuned, 3000.0, 80.0, bmed / med)
-        from tuner.families import get as get_family
+        from nf4tune.families import get as get_family
 
         peer = get_family(problem.family).peer_label
         ref = BenchResult(peer, None, "reference", f"timing: {self.bnb_timing}" if self.bnb_timing else "", bmed,
@@ -63,7 +63,7 @@ class FakeMeasure:
 
 def _seeded_repo(url):
     """A database as a search leaves it: a best config for two problems on the H200."""
-    from tuner.measure import record
+    from nf4tune.measure import record
 
     repo = Repository(connect(url))
     run = repo.start_run("search", record.gpu_row(repo, GPU), repo.environment(**ENV))
@@ -140,7 +140,7 @@ def test_slower_than_bnb_fails_the_night(tmp_path):
 
 
 def test_regress_cannot_run_without_a_gpu_or_a_database(tmp_path, monkeypatch, capsys):
-    from tuner.kernel import gpu as gpu_mod
+    from nf4tune.kernel import gpu as gpu_mod
 
     if not gpu_mod.gpu_available():
         assert cli.main(["regress", "--db", str(tmp_path / "x.db")]) == 2
@@ -161,8 +161,8 @@ def test_regress_cannot_run_without_a_gpu_or_a_database(tmp_path, monkeypatch, c
 def test_the_matmul_family_is_judged_against_its_own_history_and_bnb_matmul(tmp_path):
     """A second family goes through the same nightly job: its peer is bnb's matmul_4bit at the
     same batch bucket."""
-    from tuner.families import MATMUL
-    from tuner.measure import record
+    from nf4tune.families import MATMUL
+    from nf4tune.measure import record
 
     repo = Repository(connect(f"sqlite:///{tmp_path / 'mm.db'}"))
     run = repo.start_run("search", record.gpu_row(repo, GPU), repo.environment(**ENV))
@@ -201,7 +201,7 @@ def test_a_stalled_reference_is_measured_again_and_otherwise_not_judged(tmp_path
     labels = {m.id: m.label for m in repo.measurements(result.run_id)}
     assert "re-measure: noisy reference" in labels[stored["8192x8192"].measurement_id]
     # the history of that night pairs the judged measurement with the bnb samples measured beside it
-    from tuner.track.regression import relative_iqr
+    from nf4tune.track.regression import relative_iqr
 
     night = repo.regress_history(GPU.name, Problem((8192, 8192)), REF_BNB)[-1]
     assert night["run_id"] == result.run_id and relative_iqr(night["bnb_us"]) < 0.05

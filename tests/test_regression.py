@@ -2,7 +2,7 @@
 
 import random
 
-from tuner.track.regression import Night, judge, mann_whitney_greater
+from nf4tune.track.regression import Night, judge, mann_whitney_greater
 
 
 def _night(rng, tuned=100.0, bnb=180.0, drift=1.0, noise=0.01, reps=25, **kw):
@@ -118,7 +118,7 @@ def _stall_night(rng, spread="uniform", **kw):
 
 
 def test_a_stall_night_is_a_noisy_reference_not_judged_and_not_failing():
-    from tuner.vocabulary import FAILING_FLAGS, NOISY_REFERENCE
+    from nf4tune.vocabulary import FAILING_FLAGS, NOISY_REFERENCE
 
     for seed in range(20):
         rng = random.Random(seed)
@@ -182,8 +182,8 @@ def test_a_noisy_night_between_two_drops_does_not_reset_the_confirmation():
 
 
 def test_flags_are_ordered_mildest_first():
-    from tuner.track.regression import NOT_JUDGED
-    from tuner.vocabulary import FAILING_FLAGS, FLAGS, NOISY_REFERENCE
+    from nf4tune.track.regression import NOT_JUDGED
+    from nf4tune.vocabulary import FAILING_FLAGS, FLAGS, NOISY_REFERENCE
 
     assert FLAGS[0] == "ok" and NOISY_REFERENCE in FLAGS
     assert FLAGS[-len(FAILING_FLAGS):] == FAILING_FLAGS          # failing verdicts last

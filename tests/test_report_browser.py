@@ -15,16 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from db import Repository, connect
-from reports import build_report, collect
-from reports._data import rank
-from tuner.vocabulary import Problem
+from nf4tune.db import Repository, connect
+from nf4tune.reports import build_report, collect
+from nf4tune.reports._data import rank
+from nf4tune.vocabulary import Problem
 
 from cdp import Chromium
 from report_dbs import EVIL, FORMULA, hostile_database, two_family_database
 
 ROOT = Path(__file__).resolve().parent.parent
-NIGHTLY = ROOT / "examples" / "h200" / "nightly.db"
 MAX_BYTES = 150_000
 MAX_LOAD_MS = 1500
 REGRESSED = "8192x8192 bf16 nf4 bs64"
@@ -81,9 +80,9 @@ def _gd(b: Chromium, div_id: str, expr: str):
     return b.js(f"(function(gd){{return {expr};}})(document.getElementById({json.dumps(div_id)}))")
 
 
-def test_nightly_example_answers_what_regressed_since_when_and_why(tmp_path, capsys):
+def test_nightly_example_answers_what_regressed_since_when_and_why(tmp_path, capsys, nightly_db):
     chromium = _chromium()
-    index = _site(NIGHTLY, tmp_path / "site")
+    index = _site(nightly_db, tmp_path / "site")
     size = index.stat().st_size
     url = index.as_uri()
     with Chromium(chromium, 1400, 1000) as b:

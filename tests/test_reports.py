@@ -1,4 +1,4 @@
-"""The static report without a browser: what it says of the committed H200 databases, how it
+"""The static report without a browser: what it says of the H200 fixture databases, how it
 escapes, what it writes beside index.html, and what it refuses."""
 
 import csv
@@ -7,28 +7,27 @@ import re
 import shutil
 from pathlib import Path
 
-from tuner import cli
+from nf4tune import cli
+
+from conftest import example_db
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "examples" / "h200" / "search.db"
-NIGHTLY = ROOT / "examples" / "h200" / "nightly.db"
 SHAPES = ("4096x4096", "4096x14336", "14336x4096", "8192x8192", "8192x28672", "16384x16384")
 
 
-def _nightly():
-    from db import Repository, connect
-    from reports import collect
+def _nightly(nightly_db):
+    from nf4tune.db import Repository, connect
+    from nf4tune.reports import collect
 
-    return collect(Repository(connect(str(NIGHTLY), read_only=True)))
+    return collect(Repository(connect(str(nightly_db), read_only=True)))
 
 
 def test_report_is_static_offline_and_shows_every_problem(tmp_path):
-    db = tmp_path / "h200.db"
-    shutil.copy(EXAMPLE, db)
+    db = Path(example_db("h200-search", tmp_path))
     before = db.read_bytes()
     out = tmp_path / "site"
     assert cli.main(["report", "--db", str(db), "-o", str(out)]) == 0
-    assert db.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["h200.db", "site"]
+    assert db.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["h200-search.db", "site"]
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["index.html", "plotly.min.js"] + [f"{n}.{e}" for n in ("overview", "flags", "history") for e in ("csv", "json")])
     page = (out / "index.html").read_text()
@@ -49,8 +48,8 @@ def test_report_is_static_offline_and_shows_every_problem(tmp_path):
     assert "NVIDIA H200" in page and "0.50.2" in page     # environment table
 
 
-def test_nightly_status_is_the_latest_night_and_a_noisy_reference_is_not_ok():
-    data = _nightly()
+def test_nightly_status_is_the_latest_night_and_a_noisy_reference_is_not_ok(nightly_db):
+    data = _nightly(nightly_db)
     first = data.overview[0]
     assert (first["problem"], first["status"], first["night_run"]) == ("8192x8192 bf16 nf4 bs64", "regression", 17)
     # the best ever is the planted fake, in its own column and marked, never the status
@@ -67,7 +66,7 @@ def test_nightly_status_is_the_latest_night_and_a_noisy_reference_is_not_ok():
 
 
 def test_every_value_in_a_script_is_escaped_for_it():
-    from reports._html import script_json
+    from nf4tune.reports._html import script_json
 
     value = {"a</script>": ["<!--", "&amp;", "\u2028\u2029", "x>y"]}
     text = script_json(value)
@@ -75,13 +74,13 @@ def test_every_value_in_a_script_is_escaped_for_it():
     assert json.loads(text) == value
 
 
-def test_csv_cells_cannot_become_formulas(tmp_path):
-    from reports._tables import csv_cell
+def test_csv_cells_cannot_become_formulas(tmp_path, nightly_db):
+    from nf4tune.reports._tables import csv_cell
 
     assert [csv_cell(v) for v in ("=1+1", "+1", "-x", "@SUM(A1)", "\tx", "ok", -1.5, 3, None)] == [
         "'=1+1", "'+1", "'-x", "'@SUM(A1)", "'\tx", "ok", "-1.5", "3", ""]
     out = tmp_path / "site"
-    assert cli.main(["report", "--db", str(NIGHTLY), "-o", str(out)]) == 0
+    assert cli.main(["report", "--db", str(nightly_db), "-o", str(out)]) == 0
     flags = list(csv.DictReader((out / "flags.csv").open()))
     assert any(f["drop"].startswith("-1.81") for f in flags)          # numbers stay numbers
     assert len(json.loads((out / "history.json").read_text())["rows"]) == len(list(csv.DictReader(
@@ -98,7 +97,7 @@ def test_report_refuses_a_database_that_does_not_exist(tmp_path, capsys):
 
 
 def test_report_of_an_empty_database_still_renders(tmp_path):
-    from db import Repository, connect
+    from nf4tune.db import Repository, connect
 
     Repository(connect(str(tmp_path / "e.db")))
     assert cli.main(["report", "--db", str(tmp_path / "e.db"), "-o", str(tmp_path / "s")]) == 0

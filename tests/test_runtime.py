@@ -8,10 +8,10 @@ import pytest
 torch = pytest.importorskip("torch")
 import bitsandbytes.functional as F
 
-from tuner import serve as runtime
-from tuner.families import DEQUANT
-from tuner.serve import table as T
-from tuner.vocabulary import Problem
+from nf4tune import serve as runtime
+from nf4tune.families import DEQUANT
+from nf4tune.serve import table as T
+from nf4tune.vocabulary import Problem
 
 GPU = "NVIDIA H200"
 
@@ -85,7 +85,7 @@ def test_packaged_table_loads_and_covers_the_h200():
     assert t.choose("NVIDIA B200", P((4096, 4096))).source == "default"
 
 
-def test_use_configs_reads_exported_tables_and_databases(tmp_path, monkeypatch):
+def test_use_configs_reads_exported_tables_and_never_a_database(tmp_path, monkeypatch):
     p = tmp_path / "configs.json"
     p.write_text(json.dumps(dict(format=1, entries=[_entry((64, 64), threads=64)])))
     try:
@@ -94,14 +94,18 @@ def test_use_configs_reads_exported_tables_and_databases(tmp_path, monkeypatch):
         monkeypatch.setenv("NF4TUNE_CONFIGS", str(p))
         runtime.use_configs(None)
         assert runtime.choose_config(GPU, P((64, 64))).source == "exact"
-        import shutil
+        from conftest import example_db
 
-        db = tmp_path / "h200.db"      # a copy: opening a database upgrades its schema in place
-        shutil.copy(Path(__file__).resolve().parent.parent / "examples/h200/search.db", db)
-        before = db.read_bytes()
-        runtime.use_configs(str(db))
-        assert runtime.choose_config(GPU, P((8192, 8192))).source == "exact"
-        assert db.read_bytes() == before        # serving from a database only reads it
+        # a database is not a table: `nf4-tune export` turns it into one
+        db = example_db("h200-search", tmp_path)
+        before = Path(db).read_bytes()
+        with pytest.raises(ValueError, match="is a database, not a table written by `nf4-tune export`"):
+            runtime.use_configs(db)
+        assert Path(db).read_bytes() == before
+        monkeypatch.setenv("NF4TUNE_DB", db)          # the runtime does not look at the tuning database
+        monkeypatch.delenv("NF4TUNE_CONFIGS")
+        runtime.use_configs(None)
+        assert T.current_table().origin.endswith("tuned_configs.json")
     finally:
         monkeypatch.delenv("NF4TUNE_CONFIGS", raising=False)
         runtime.use_configs(None)

@@ -11,9 +11,9 @@ torch = pytest.importorskip("torch")
 import bitsandbytes as bnb
 import bitsandbytes.functional as F
 
-from tuner import serve as runtime
-from tuner.families.dequant import mismatch_report
-from tuner.vocabulary import Problem
+from nf4tune import serve as runtime
+from nf4tune.families.dequant import mismatch_report
+from nf4tune.vocabulary import Problem
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -66,7 +66,7 @@ def test_transposed_packed_form(seed):
 
 def _tuned_here(dtype, quant):
     """Whether the serving table holds dequant entries of this dtype and quant for this GPU."""
-    from tuner.serve.table import current_table
+    from nf4tune.serve.table import current_table
 
     gpu = torch.cuda.get_device_name(torch.cuda.current_device())
     return bool(current_table().comparable(gpu, Problem((64, 64), dtype, quant, 64)))

@@ -6,11 +6,11 @@ import os
 
 import pytest
 
-from db import Repository, connect
-from tuner.families import DEQUANT as D
-from tuner.tune.search import run_search, study_name
-from tuner.tune.worker import WorkerMeasurer
-from tuner.vocabulary import Problem
+from nf4tune.db import Repository, connect
+from nf4tune.families import DEQUANT as D
+from nf4tune.tune.search import run_search, study_name
+from nf4tune.tune.worker import WorkerMeasurer
+from nf4tune.vocabulary import Problem
 
 from fakes import FakeMeasurer
 
@@ -170,7 +170,7 @@ def test_local_refinement_reaches_the_optimum_next_to_the_best(tmp_path):
 def test_the_default_worker_target_resolves_to_the_real_measurement():
     """The worker imports its target by name: a stale module path would make every trial of a
     real search 'worker died' (the module moved in the layer restructure)."""
-    from tuner.tune import worker
+    from nf4tune.tune import worker
 
     fn = worker._resolve(worker.DEFAULT_TARGET)
     assert fn is worker.measure_on_gpu
@@ -204,7 +204,7 @@ def test_a_killed_search_loses_no_finished_trial_and_leaves_none_running(tmp_pat
     import optuna
     from optuna.trial import TrialState
 
-    from tuner.tune.search import heartbeat_settings
+    from nf4tune.tune.search import heartbeat_settings
 
     monkeypatch.setenv("NF4TUNE_HEARTBEAT_S", "1")
     monkeypatch.setenv("NF4TUNE_GRACE_S", "2")
@@ -250,7 +250,7 @@ def test_a_killed_search_loses_no_finished_trial_and_leaves_none_running(tmp_pat
 
 
 def test_heartbeat_settings_are_checked(monkeypatch):
-    from tuner.tune.search import GRACE_S, HEARTBEAT_S, heartbeat_settings
+    from nf4tune.tune.search import GRACE_S, HEARTBEAT_S, heartbeat_settings
 
     monkeypatch.delenv("NF4TUNE_HEARTBEAT_S", raising=False)
     monkeypatch.delenv("NF4TUNE_GRACE_S", raising=False)
@@ -269,7 +269,7 @@ def test_of_workers_opening_a_fresh_study_at_once_exactly_one_queues_the_starts(
 
     import optuna
 
-    from tuner.tune.search import _open_study, _storage
+    from nf4tune.tune.search import _open_study, _storage
 
     _setup(db_url)
     name = study_name(GPU, Problem((2048, 1024)))
@@ -298,7 +298,7 @@ def test_a_config_another_worker_is_measuring_is_waited_for_not_measured_twice(t
     import optuna
     from optuna.trial import TrialState
 
-    from tuner.tune.search import _storage, _wait_for_twin, fail_stale_trials
+    from nf4tune.tune.search import _storage, _wait_for_twin, fail_stale_trials
 
     monkeypatch.setenv("NF4TUNE_HEARTBEAT_S", "1")
     monkeypatch.setenv("NF4TUNE_GRACE_S", "2")
@@ -375,7 +375,7 @@ def test_workers_popping_queued_trials_at_once_never_take_the_same_one(db_url):
 
     import optuna
 
-    from tuner.tune.search import _storage
+    from nf4tune.tune.search import _storage
 
     _setup(db_url)
     study = optuna.create_study(study_name="queue", storage=_storage(db_url))
@@ -408,7 +408,7 @@ def test_a_study_of_an_older_search_space_is_continued_in_a_study_of_the_current
     config measured so far, and resuming finds that study again."""
     import optuna
 
-    from tuner.tune.search import load_study, space_study_name
+    from nf4tune.tune.search import load_study, space_study_name
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     repo, run = _setup(url)

@@ -74,7 +74,7 @@ def test_the_cli_search_killed_mid_trial_resumes_without_losing_a_trial(tmp_path
     env = _env(NF4TUNE_HEARTBEAT_S="1", NF4TUNE_GRACE_S="3")
     for attempt in range(3):
         url = f"sqlite:///{tmp_path / f'killed{attempt}.db'}"
-        argv = [sys.executable, "-m", "tuner.cli", "search", "--shape", "1024x1024", "--trials", "12", "--db", url,
+        argv = [sys.executable, "-m", "nf4tune.cli", "search", "--shape", "1024x1024", "--trials", "12", "--db", url,
                 "--quiet", "--seed", "3"]
         done, running = _kill_mid_trial(url, argv, env)
         after_kill = _states(url)
@@ -102,14 +102,14 @@ def test_search_on_every_visible_gpu(tmp_path):
     takes trials of the shared study, none is left running, and the wall time is printed."""
     from optuna.trial import TrialState
 
-    from tuner.kernel.gpu import visible_gpu_count
-    from tuner.tune.multigpu import devices_for
+    from nf4tune.kernel.gpu import visible_gpu_count
+    from nf4tune.tune.multigpu import devices_for
 
     n = visible_gpu_count()
     devices = devices_for("all", n, os.environ.get("CUDA_VISIBLE_DEVICES"))
     trials = 8 * n
     url = f"sqlite:///{tmp_path / 'gpus.db'}"
-    r = subprocess.run([sys.executable, "-m", "tuner.cli", "search", "--shape", "1024x1024", "--trials", str(trials),
+    r = subprocess.run([sys.executable, "-m", "nf4tune.cli", "search", "--shape", "1024x1024", "--trials", str(trials),
                         "--gpus", "all", "--db", url, "--seed", "5"], env=_env(), cwd=ROOT, capture_output=True,
                        text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]

@@ -1,10 +1,10 @@
-"""The timing harness's scheduling (tuner.measure.timing.measure_interleaved) on the CPU, with a
+"""The timing harness's scheduling (nf4tune.measure.timing.measure_interleaved) on the CPU, with a
 test double for the device side (events, synchronisation, graph capture) that keeps a virtual
 GPU clock; the GPU tests time bnb itself."""
 
 import pytest
 
-from tuner.measure.timing import DIRECT, GRAPH, Graphed, measure_interleaved
+from nf4tune.measure.timing import DIRECT, GRAPH, Graphed, measure_interleaved
 
 
 class FakeGPU:
@@ -148,9 +148,9 @@ def test_a_replay_that_writes_another_output_is_not_used():
 def test_the_family_peers_are_marked_for_graphs():
     """The family declares it (time_peers_in_graph), a peer can opt out (graph = False), and a
     peer's output (the tensor it writes) goes with it for the replay check."""
-    from tuner.families import DEQUANT
-    from tuner.family import Family
-    from tuner.measure.bench import peer_candidates
+    from nf4tune.families import DEQUANT
+    from nf4tune.family import Family
+    from nf4tune.measure.bench import peer_candidates
 
     def full():
         pass

@@ -12,11 +12,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.alone]
 
 torch = pytest.importorskip("torch")
 
-from tuner.families import DEQUANT
-from tuner.families.dequant import REF_BNB, mismatch_report
-from tuner.kernel.graphs import capture_graph, replay_mismatch
-from tuner.measure.timing import Graphed, measure_interleaved
-from tuner.vocabulary import Problem
+from nf4tune.families import DEQUANT
+from nf4tune.families.dequant import REF_BNB, mismatch_report
+from nf4tune.kernel.graphs import capture_graph, replay_mismatch
+from nf4tune.measure.timing import Graphed, measure_interleaved
+from nf4tune.vocabulary import Problem
 
 
 def test_graph_replay_of_bnb_gives_its_output_and_its_time(seed):
@@ -79,7 +79,7 @@ def test_a_host_stall_between_launches_enters_direct_timing_only(seed):
 
 
 def test_bench_reports_and_stores_how_bnb_was_timed(seed):
-    from tuner.measure.bench import bench_problem, format_report
+    from nf4tune.measure.bench import bench_problem, format_report
 
     prob = Problem((2048, 2048))
     rep = bench_problem(prob, [("blog", DEQUANT.preset("blog", prob))], seed=seed, time_cap_s=1.0)

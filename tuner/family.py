@@ -43,7 +43,7 @@ def _group_key(group: tuple, fixed: dict) -> tuple:
 
 @dataclass(frozen=True)
 class DeviceLimits:
-    """What a launch plan needs of the device (tuner.kernel.arch fills it in from the device's
+    """What a launch plan needs of the device (nf4tune.kernel.arch fills it in from the device's
     properties, or from its table for a named arch)."""
 
     sm_count: int
@@ -188,7 +188,7 @@ class Family:
     #: the label of the peer the family is judged against (its median is the x-bnb basis)
     peer_label: str = ""
     #: time the peers (bnb's calls: several launches with Python between them) from a CUDA-graph
-    #: replay, so that host time between their launches cannot enter (tuner.measure.timing);
+    #: replay, so that host time between their launches cannot enter (nf4tune.measure.timing);
     #: a peer callable with the attribute ``graph = False`` is timed by direct calls
     time_peers_in_graph: bool = True
     #: the label of the ceiling measured beside it, and what its % column means
@@ -286,7 +286,7 @@ class Family:
         return self.config(**self.presets[name], **self.problem_values(problem, **problem_values))
 
     def problem_values(self, problem=None, **given) -> dict:
-        """The problem knobs' values for ``problem`` (a :class:`~tuner.vocabulary.Problem`), or
+        """The problem knobs' values for ``problem`` (a :class:`~nf4tune.vocabulary.Problem`), or
         as given by name."""
         out = {}
         for knob, attr in self.problem_knobs.items():
@@ -564,12 +564,12 @@ class Family:
         return {k.macro: k.code(getattr(config, k.name)) for k in self.knobs if k.role != "launch" and k.macro}
 
     def render(self, config: Config) -> str:
-        from kernel_templates import render
+        from nf4tune.kernel_templates import render
 
         return render(self.template, self.macros(config))
 
     def template_hash(self) -> str:
-        from kernel_templates import template_hash
+        from nf4tune.kernel_templates import template_hash
 
         return template_hash(self.template)
 

@@ -37,7 +37,7 @@ REF_COPY = "device copy (ceiling)"
 REF_FILL = "write-only fill (floor)"
 REF_READ = "read-only reduction (ceiling)"
 
-#: the nightly verdicts (see tuner.track.regression.judge), mildest first
+#: the nightly verdicts (see nf4tune.track.regression.judge), mildest first
 FLAGS = ("ok", "noisy-reference", "invalid-environment", "suspicious", "regression", "regression-vs-bnb", "broken")
 #: the verdicts that fail a night (exit 1)
 FAILING_FLAGS = ("regression", "regression-vs-bnb", "broken")

@@ -2,12 +2,12 @@
 
 from alembic import context
 
-from db._models import Base
-from db._engine import VERSION_TABLE
+from nf4tune.db._models import Base
+from nf4tune.db._engine import VERSION_TABLE
 
 connection = context.config.attributes.get("connection")
 if connection is None:  # `alembic` CLI use: build an engine from the URL option
-    from db._engine import make_engine, resolve_url
+    from nf4tune.db._engine import make_engine, resolve_url
 
     engine = make_engine(resolve_url(context.config.get_main_option("sqlalchemy.url")))
     with engine.begin() as connection:

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from db._engine import DatabaseError
+    from nf4tune.db._engine import DatabaseError
 
     from .._files import OutputPathError
     from ..kernel.gpu import NoGPUError

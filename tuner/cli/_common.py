@@ -103,7 +103,7 @@ def add_model_args(parser) -> None:
 
 
 def models_from_args(args) -> list:
-    """The :class:`tuner.tune.models.ModelShapes` of every --model (UserError for a config that
+    """The :class:`nf4tune.tune.models.ModelShapes` of every --model (UserError for a config that
     cannot be read or split by --tp)."""
     from ..tune.models import ModelError, model_shapes
 
@@ -183,8 +183,8 @@ def require_gpu():
 
 
 def open_repo(url, read_only: bool):
-    from db import resolve_url
-    from db._engine import DatabaseError
+    from nf4tune.db import resolve_url
+    from nf4tune.db._engine import DatabaseError
 
     from ..measure.record import open_repository
 

@@ -154,23 +154,31 @@ def run(args) -> int:
 
 
 def _use_table(args) -> None:
+    """--table FILE|URL: serve from a table file, or from a database's best configs (exported in memory,
+    as ``nf4-tune export`` would write them)."""
     if args.table:
-        from ..serve.table import use_configs
+        from ..serve.table import ConfigTable, use_configs
 
         try:
-            use_configs(args.table)
+            if "://" in args.table or not args.table.endswith(".json"):
+                from ..measure.record import table_entries
+
+                repo = open_repo(args.table, read_only=True)
+                use_configs(ConfigTable(table_entries(repo), repo.url))
+            else:
+                use_configs(args.table)
         except ValueError as e:
             raise UserError(f"--table: {e}") from None
 
 
 def _decode(args) -> int:
-    from ..serve.decode import decode_benchmark, format_decode
+    from ..bench.decode import decode_benchmark, format_decode
 
     if args.family != "matmul":
         raise UserError("--decode measures the matmul family: add --family matmul")
     _use_table(args)
     require_gpu()
-    result = decode_benchmark(batches=tuple(args.batch or (1, 8)), layers=args.layers, table=args.table,
+    result = decode_benchmark(batches=tuple(args.batch or (1, 8)), layers=args.layers,
                               progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(format_decode(result), flush=True)
     if args.output:
@@ -179,7 +187,7 @@ def _decode(args) -> int:
 
 
 def _matmul_runtime(args) -> int:
-    from ..serve.benchmark import bench_matmul_runtime, format_matmul_runtime
+    from ..bench.runtime import bench_matmul_runtime, format_matmul_runtime
 
     if not args.shape:
         raise UserError("give at least one --shape (N x K) and --m for the matmul runtime")
@@ -199,7 +207,7 @@ def _matmul_runtime(args) -> int:
 
 
 def _runtime(args) -> int:
-    from ..serve.benchmark import RUNTIME_SHAPES, bench_runtime_problem, format_runtime, host_overhead, linear4bit_forward
+    from ..bench.runtime import RUNTIME_SHAPES, bench_runtime_problem, format_runtime, host_overhead, linear4bit_forward
 
     if args.family == "matmul":
         return _matmul_runtime(args)
@@ -244,7 +252,7 @@ def _space_restriction(family, sweeps) -> dict:
 
 
 def _fallback(args) -> int:
-    from ..serve.fallback import fallback_distance, format_fallback
+    from ..bench.fallback import fallback_distance, format_fallback
     from ..serve.table import current_table
 
     problems = problems_from_args(args)

@@ -74,7 +74,7 @@ def run(args) -> int:
     result = run_regress(repo, gpu, remeasure=not args.no_remeasure, command=command_line(), progress=progress)
     print(format_regress(result), flush=True)
     if args.report:
-        from reports import build_report, collect
+        from nf4tune.reports import build_report, collect
 
         index = build_report(collect(repo), args.report)
         print(f"wrote {index}", file=sys.stderr)

@@ -26,7 +26,7 @@ def run(args) -> int:
         check_output_dir(args.output)
     except OutputPathError as e:
         raise UserError(str(e)) from None
-    from reports import build_report, collect
+    from nf4tune.reports import build_report, collect
 
     repo = open_repo(args.db, read_only=True)
     index = build_report(collect(repo), args.output)

@@ -1,4 +1,4 @@
-"""The kernel families nf4-tune tunes, each one declaration (see tuner.family).
+"""The kernel families nf4-tune tunes, each one declaration (see nf4tune.family).
 
 :func:`get` finds a family by the name stored with every measurement and problem.
 """

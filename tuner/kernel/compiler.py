@@ -1,6 +1,6 @@
 """NVRTC compilation of kernel variants to CUBIN, through cuda.core, with an on-disk cache.
 
-Any real arch the installed NVRTC supports is a target (:mod:`tuner.kernel.arch`). The cache
+Any real arch the installed NVRTC supports is a target (:mod:`nf4tune.kernel.arch`). The cache
 key hashes everything that can change the binary: the rendered source, the NVRTC options, the
 NVRTC version, the target arch and the kernel's name. Entries are written atomically (temp
 file + rename), so parallel compiles and killed processes never leave a half-written CUBIN.
@@ -170,7 +170,7 @@ def compile_source(source: str, arch: str, kernel_name: str, cache_dir: Optional
 
 def compile_config(config, arch: Optional[str] = None, cache_dir: Optional[os.PathLike] = None,
                    use_cache: bool = True) -> CompiledKernel:
-    """Compile ``config`` (a :class:`tuner.family.Config`) for ``arch`` (default: the visible GPU's)."""
+    """Compile ``config`` (a :class:`nf4tune.family.Config`) for ``arch`` (default: the visible GPU's)."""
     arch = arch or visible_arch()
     return compile_source(config.render(), arch, config.family.kernel_name, cache_dir, use_cache)
 

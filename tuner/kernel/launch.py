@@ -1,11 +1,11 @@
 """Loading compiled variants and launching them on torch-owned device memory (cuda.core).
 
-Together with :mod:`tuner.kernel.compiler` and :mod:`tuner.kernel.arch` this is where every
+Together with :mod:`nf4tune.kernel.compiler` and :mod:`nf4tune.kernel.arch` this is where every
 direct CUDA call lives. A variant runs on the current torch stream; loaded modules are cached
 per process. Every launch goes through its family's launch plan (input checks, geometry,
 kernel parameters), whether it is a bench launch (:func:`bind`) or the serving path
 (:class:`PackedLaunch`): a kernel never touches memory out of bounds because of a bad pointer
-or count, and what it cannot take is one exception, :class:`~tuner.vocabulary.UnsupportedInput`.
+or count, and what it cannot take is one exception, :class:`~nf4tune.vocabulary.UnsupportedInput`.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ class PackedLaunch:
     """One launch plan of a loaded variant with its kernel parameters packed once: per call only
     the plan's dynamic parameters (pointers, the nested offset) are written into the packed
     buffer, and ``cuLaunchKernel`` is called directly with it. The serving path of
-    :mod:`tuner.serve.runtime`, where host time per call matters; the buffer is guarded by a
+    :mod:`nf4tune.serve.runtime`, where host time per call matters; the buffer is guarded by a
     lock, so threads may share one instance. The caller has checked the call's tensors through
     the plan (the runtime does, per call)."""
 

@@ -108,7 +108,7 @@ def _gbps(nbytes: int, us: float) -> float:
 def peer_candidates(family, peers: dict) -> dict:
     """The family's peers as :func:`measure_interleaved` takes them: each wrapped in
     :class:`Graphed` (timed from a CUDA-graph replay, its ``output`` checked) where the family
-    times its peers so (:attr:`tuner.family.Family.time_peers_in_graph`) and the peer does not
+    times its peers so (:attr:`nf4tune.family.Family.time_peers_in_graph`) and the peer does not
     opt out (``graph = False``)."""
     return {label: Graphed(fn, getattr(fn, "output", None))
             if family.time_peers_in_graph and getattr(fn, "graph", True) else fn for label, fn in peers.items()}
@@ -214,7 +214,7 @@ def format_report(rep: ProblemReport, top: Optional[int] = None) -> str:
 def run_bench(problems: Sequence[Problem], candidates, *, recorded=None, seed: Optional[int] = None,
               time_cap_s: float = 3.0, flush_mode: str = "read", progress=None) -> list[ProblemReport]:
     """Bench the candidates ((label, config) pairs, or a mapping problem -> pairs) on every problem
-    (storing each report in ``recorded``, a :class:`tuner.measure.record.RecordedRun`, when
+    (storing each report in ``recorded``, a :class:`nf4tune.measure.record.RecordedRun`, when
     given): the library call of ``nf4-tune bench``."""
     reports = []
     for i, prob in enumerate(problems):

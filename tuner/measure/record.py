@@ -13,7 +13,8 @@ from typing import Iterator, Optional
 
 from ..vocabulary import Problem
 
-__all__ = ["environment_versions", "record_report", "open_repository", "gpu_row", "RecordedRun", "recorded_run"]
+__all__ = ["environment_versions", "record_report", "open_repository", "gpu_row", "RecordedRun", "recorded_run",
+           "table_entries"]
 
 
 def _version(dist: str) -> str:
@@ -57,7 +58,7 @@ def environment_versions(driver: str = "unknown") -> dict:
 def open_repository(url: Optional[str] = None, must_exist: bool = False):
     """The repository at ``url``; ``must_exist``: a read-only use, which never creates or alters
     a database (see db.connect)."""
-    from db import Repository, connect
+    from nf4tune.db import Repository, connect
 
     return Repository(connect(url, read_only=must_exist))
 
@@ -67,7 +68,7 @@ def gpu_row(repo, gpu, copy_gbps: Optional[float] = None):
 
 
 def record_report(repo, run, report) -> dict:
-    """Store every result of a :class:`tuner.measure.bench.ProblemReport` under ``run``; returns
+    """Store every result of a :class:`nf4tune.measure.bench.ProblemReport` under ``run``; returns
     the stored measurements by label."""
     from ..families import get as get_family
 
@@ -112,3 +113,25 @@ def recorded_run(kind: str, url: Optional[str], gpu, command: str = "", env: Opt
         yield RecordedRun(repo, run, gpu)
     finally:
         repo.finish_run(run)
+
+
+def table_entries(repo) -> list[dict]:
+    """The best stored config of every (GPU model, problem), with its median and its speedup over
+    the family's peer: the entries of the serving table that ``nf4-tune export`` writes."""
+    import statistics
+
+    from ..families import get as get_family
+    from ..vocabulary import speedup
+
+    entries = []
+    for gname, prob in repo.problems():
+        family = get_family(prob.family)
+        knobs, m, _ = repo.best(gname, prob)
+        peer = repo.reference_medians(gname, prob, family.peer_label)
+        peer_us = statistics.median(peer) if peer else None
+        entries.append(dict(gpu=gname, family=prob.family, shape=list(prob.shape), dtype=prob.dtype, quant=prob.quant,
+                            blocksize=prob.blocksize, m=prob.m, config=knobs, median_us=m.median_us,
+                            peer_median_us=peer_us, speedup_vs_bnb=speedup(peer_us, m.median_us),
+                            pct_copy=m.pct_copy))
+    return entries
+

@@ -108,7 +108,7 @@ class Graphed:
 
 class CudaTiming:
     """The device side of the harness: CUDA events on the current stream, synchronisation and
-    graph capture (tuner.kernel.graphs). A test double with the same methods drives the
+    graph capture (nf4tune.kernel.graphs). A test double with the same methods drives the
     harness's scheduling on the CPU."""
 
     def event(self):

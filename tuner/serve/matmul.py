@@ -4,7 +4,7 @@
 receives it, the ``quant_state``, ``out``, ``bias``) and gives its result layout. A call runs
 the tuned fused kernel only where the serving table holds a variant measured faster than bnb
 for this GPU model, weight shape, dtype, quant type, blocksize and batch bucket (M rounded up
-to 1, 2, 4, ..., 64); everywhere else bnb's own path runs, and :func:`tuner.serve.runtime.stats`
+to 1, 2, 4, ..., 64); everywhere else bnb's own path runs, and :func:`nf4tune.serve.runtime.stats`
 counts why (``matmul_bnb``).
 
 Under ``torch.use_deterministic_algorithms(True)`` a variant whose outputs each sum more than two

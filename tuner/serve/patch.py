@@ -3,12 +3,12 @@
 :func:`patch_bitsandbytes` swaps, for CUDA tensors:
 
 - ``bitsandbytes.functional.dequantize_4bit`` (which ``Linear4bit`` and ``matmul_4bit`` call when
-  autograd is on) for :func:`tuner.serve.runtime.dequantize_4bit`;
+  autograd is on) for :func:`nf4tune.serve.runtime.dequantize_4bit`;
 - the CUDA backend's ``_dequant_linear_fallback`` (the dequantize-then-matmul path of
   ``gemm_4bit``) likewise;
 - bnb's grad-free ``gemm_4bit`` (``matmul_4bit`` / ``Linear4bit`` in inference, M = 1..64):
   both of its paths (the fused kernel and the dequantize-then-matmul fallback) first ask
-  :func:`tuner.serve.matmul.served_gemm`, which runs the tuned matmul kernel wherever one was
+  :func:`nf4tune.serve.matmul.served_gemm`, which runs the tuned matmul kernel wherever one was
   measured faster than bnb at that batch bucket; elsewhere bnb's own path runs (``matmul_bnb``).
 
 Calls with CPU tensors keep bnb's own path (counted as ``cpu_handoffs`` in ``stats()``); CUDA

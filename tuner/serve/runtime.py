@@ -2,13 +2,13 @@
 
 :func:`dequantize_4bit` takes bnb's arguments and gives bnb's result, bit for bit, for CUDA
 tensors, in one fused launch of the variant tuned for this GPU and problem
-(:mod:`tuner.serve.table` says which). Each kernel is compiled once per process (and found in
+(:mod:`nf4tune.serve.table` says which). Each kernel is compiled once per process (and found in
 the disk cache by later processes); the launch plan (checks, geometry, packed parameters) is
 built once per problem, and a quant_state is checked once and remembered while it holds the
 same tensors, so a call costs the per-call checks of A and ``out``, a few pointer writes and
 one ``cuLaunchKernel``.
 
-:func:`tuner.serve.patch.patch_bitsandbytes` routes bnb's own entry points through this.
+:func:`nf4tune.serve.patch.patch_bitsandbytes` routes bnb's own entry points through this.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _gpu_name(index: int) -> str:
 
 @dataclass
 class _Plan:
-    launch: object          # tuner.kernel.launch.PackedLaunch
+    launch: object          # nf4tune.kernel.launch.PackedLaunch
     plan: DequantPlan
     choice: Choice
 

@@ -1,29 +1,28 @@
 """Which config serves a problem: the table of tuned configs and the choice among them.
 
-A table holds entries ``{gpu, family, shape, dtype, quant, blocksize, m, config}``, from a
-configs.json written by ``nf4-tune export`` or from a database. For a problem on a GPU model
-it takes the exact entry, else the nearest tuned problem of the same family, dtype and quant
-type on that GPU (:meth:`tuner.vocabulary.Problem.distance`), else the family's built-in
-default. The serving source is, in this order: what :func:`use_configs` was given;
-``$NF4TUNE_CONFIGS``; ``$NF4TUNE_DB``; the table shipped with the package
-(``tuner/serve/tuned_configs.json``, the H200 searches).
+A table holds entries ``{gpu, family, shape, dtype, quant, blocksize, m, config}``, read from a
+JSON file written by ``nf4-tune export`` (the runtime never opens a database: ``export`` turns one
+into a table). For a problem on a GPU model it takes the exact entry, else the nearest tuned
+problem of the same family, dtype and quant type on that GPU
+(:meth:`nf4tune.vocabulary.Problem.distance`), else the family's built-in default. The serving
+source is, in this order: what :func:`use_configs` was given; ``$NF4TUNE_CONFIGS``; the table
+shipped with the package (``serve/tuned_configs.json``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from ..families import get as get_family
-from ..vocabulary import InvalidConfig, Problem, speedup
+from ..vocabulary import InvalidConfig, Problem
 
 __all__ = ["Choice", "ConfigTable", "PACKAGED_TABLE", "TABLE_FORMAT", "use_configs", "current_table",
-           "choose_config", "best_entries", "on_change"]
+           "choose_config", "on_change", "table_document"]
 
 PACKAGED_TABLE = Path(__file__).with_name("tuned_configs.json")
 #: 1: dequant entries only (no family, no m); 2: every family
@@ -32,7 +31,7 @@ TABLE_FORMAT = 2
 
 @dataclass(frozen=True)
 class Choice:
-    config: object                    # a tuner.family.Config, or None when bnb's own path serves
+    config: object                    # a nf4tune.family.Config, or None when bnb's own path serves
     source: str                       # "exact", "nearest", "default" or "bnb"
     tuned_for: Optional[str] = None   # the problem of the table entry used
     table: str = ""
@@ -73,20 +72,20 @@ class ConfigTable:
     @classmethod
     def from_file(cls, path) -> "ConfigTable":
         try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            raw = Path(path).read_bytes()
+        except OSError as e:
+            raise ValueError(f"cannot read the config table {path}: {e}") from None
+        if raw.startswith(b"SQLite format 3\0"):
+            raise ValueError(f"{path} is a database, not a table written by `nf4-tune export` (`nf4-tune export "
+                             f"--db {path} -o TABLE.json` makes one)")
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ValueError(f"cannot read the config table {path}: {e}") from None
         if (not isinstance(data, dict) or data.get("format") not in (1, TABLE_FORMAT)
                 or not isinstance(data.get("entries"), list)):
             raise ValueError(f"{path} is not a table written by `nf4-tune export` (format 1 or {TABLE_FORMAT})")
         return cls(data["entries"], str(path))
-
-    @classmethod
-    def from_database(cls, url: str) -> "ConfigTable":
-        from db import Repository, connect, resolve_url
-
-        resolved = resolve_url(url)
-        return cls(best_entries(Repository(connect(resolved, read_only=True))), resolved)
 
     def comparable(self, gpu: str, problem: Problem) -> list:
         """The entries ``choose`` picks from for ``problem`` on GPU model ``gpu``: that GPU's entries of
@@ -109,19 +108,9 @@ class ConfigTable:
         return next((e for e in self.entries if e.gpu == gpu and e.problem == problem), None)
 
 
-def best_entries(repo) -> list[dict]:
-    """The best stored config of every (GPU model, problem): what ``nf4-tune export`` writes."""
-    entries = []
-    for gname, prob in repo.problems():
-        family = get_family(prob.family)
-        knobs, m, _ = repo.best(gname, prob)
-        peer = repo.reference_medians(gname, prob, family.peer_label)
-        peer_us = statistics.median(peer) if peer else None
-        entries.append(dict(gpu=gname, family=prob.family, shape=list(prob.shape), dtype=prob.dtype, quant=prob.quant,
-                            blocksize=prob.blocksize, m=prob.m, config=knobs, median_us=m.median_us,
-                            peer_median_us=peer_us, speedup_vs_bnb=speedup(peer_us, m.median_us),
-                            pct_copy=m.pct_copy))
-    return entries
+def table_document(entries: list) -> dict:
+    """The content of a table file holding ``entries`` (what ``nf4-tune export`` writes)."""
+    return dict(format=TABLE_FORMAT, entries=list(entries))
 
 
 _lock = threading.Lock()
@@ -134,10 +123,10 @@ def on_change(fn) -> None:
     _listeners.append(fn)
 
 
-def use_configs(source: Optional[str] = None) -> ConfigTable:
-    """Serve from ``source``: a configs.json written by ``nf4-tune export``, or a database URL
-    (``sqlite:///...``, ``postgresql://...``) or SQLite path; None goes back to the environment /
-    packaged table. Later calls choose again."""
+def use_configs(source=None) -> ConfigTable:
+    """Serve from ``source``: a table file written by ``nf4-tune export`` (a path), or a
+    :class:`ConfigTable`; None goes back to ``$NF4TUNE_CONFIGS`` / the packaged table. Later calls
+    choose again."""
     global _table
     with _lock:
         _table = None if source is None else _load(source)
@@ -147,10 +136,10 @@ def use_configs(source: Optional[str] = None) -> ConfigTable:
     return table
 
 
-def _load(source: str) -> ConfigTable:
-    if "://" not in source and source.endswith(".json"):
-        return ConfigTable.from_file(source)
-    return ConfigTable.from_database(source)
+def _load(source) -> ConfigTable:
+    if isinstance(source, ConfigTable):
+        return source
+    return ConfigTable.from_file(source)
 
 
 def _current_locked() -> ConfigTable:
@@ -158,8 +147,6 @@ def _current_locked() -> ConfigTable:
     if _table is None:
         if os.environ.get("NF4TUNE_CONFIGS"):
             _table = ConfigTable.from_file(os.environ["NF4TUNE_CONFIGS"])
-        elif os.environ.get("NF4TUNE_DB"):
-            _table = ConfigTable.from_database(os.environ["NF4TUNE_DB"])
         else:
             _table = ConfigTable.from_file(PACKAGED_TABLE)
     return _table

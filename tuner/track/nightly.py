@@ -1,8 +1,8 @@
 """The nightly regression job: re-measure every stored best config on this GPU, store the run,
-judge each problem against its history (:mod:`tuner.track.regression`), store the verdicts.
+judge each problem against its history (:mod:`nf4tune.track.regression`), store the verdicts.
 
 ``run_regress`` is the library call behind ``nf4-tune regress``; the measurement is a parameter
-(default :func:`tuner.measure.bench.bench_problem`, the shared harness: gate, then the config timed
+(default :func:`nf4tune.measure.bench.bench_problem`, the shared harness: gate, then the config timed
 interleaved with bnb), so the orchestration is tested on the CPU with a test double.
 """
 
@@ -76,7 +76,7 @@ def timing_mode(text: Optional[str]) -> str:
 
 
 def _night_of(report, tuned_label: str, peer_label: str, env: dict) -> tuple[Night, object]:
-    """(Night, the tuned result) out of a :class:`tuner.measure.bench.ProblemReport`."""
+    """(Night, the tuned result) out of a :class:`nf4tune.measure.bench.ProblemReport`."""
     tuned = report.result(tuned_label)
     peer = report.result(peer_label)
     st = report.gpu_after or {}
@@ -100,9 +100,9 @@ def run_regress(repo, gpu, measure: Optional[Callable] = None, remeasure: bool =
                 progress: Optional[Callable[[int, int, str], None]] = None, env: Optional[dict] = None) -> RegressResult:
     """Re-measure and judge every problem with a stored best config for ``gpu``'s model.
 
-    ``measure(problem, [(label, config)])`` returns a :class:`tuner.measure.bench.ProblemReport`
+    ``measure(problem, [(label, config)])`` returns a :class:`nf4tune.measure.bench.ProblemReport`
     holding that config and the family's peer (interleaved raw samples); ``gpu`` is a
-    :class:`tuner.kernel.gpu.GPUInfo`. A first significant drop is re-measured at once; if the
+    :class:`nf4tune.kernel.gpu.GPUInfo`. A first significant drop is re-measured at once; if the
     drop persists there the verdict is ``regression`` the same night."""
     if measure is None:
         from ..measure.bench import bench_problem

@@ -9,7 +9,7 @@ trial on top. This module measures every point in two stages instead:
    flushed before each launch, timed with CUDA events; configs that fail to compile, load or
    launch are counted, not raised;
 2. **final**: the ``finalists`` fastest of the screen (plus any configs the caller adds, such as a
-   search's best) through :func:`tuner.measure.bench.bench_problem`: gated against the family's
+   search's best) through :func:`nf4tune.measure.bench.bench_problem`: gated against the family's
    reference, then timed interleaved with the peer and the ceiling in the same process.
 
 The exhaustive best is the fastest finalist that passes the gate; a search's best is judged by
@@ -38,7 +38,7 @@ class ExhaustiveReport:
     failed: int
     screen_seconds: float
     screen_us: dict = field(default_factory=dict)       # config JSON -> median us of the screen
-    final: Optional[object] = None                      # tuner.measure.bench.ProblemReport
+    final: Optional[object] = None                      # nf4tune.measure.bench.ProblemReport
     compared: dict = field(default_factory=dict)        # label -> config JSON of configs added by the caller
     failures: dict = field(default_factory=dict)        # config JSON -> why it failed to load or launch
 

@@ -3,7 +3,7 @@
 QLoRA (bitsandbytes ``load_in_4bit``) quantizes every ``nn.Linear`` of the decoder layers;
 ``lm_head`` stays in 16 bits (transformers keeps the output layer out of the conversion) and
 the embeddings are not linear layers, so neither is tuned. A linear layer's weight is
-``[out_features, in_features]``, which is the shape a :class:`~tuner.vocabulary.Problem` takes.
+``[out_features, in_features]``, which is the shape a :class:`~nf4tune.vocabulary.Problem` takes.
 
 Per decoder layer (``h`` hidden size, ``H`` attention heads, ``K`` key/value heads, ``d`` head
 dimension, ``I`` MLP intermediate size):

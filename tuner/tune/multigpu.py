@@ -2,7 +2,7 @@
 
 The parent process (``nf4-tune search --gpus``) has the problem list; it starts one child
 process per GPU with ``CUDA_VISIBLE_DEVICES`` naming that GPU alone. Each child runs the same
-search as a one-GPU ``nf4-tune search`` (:func:`tuner.tune.search.run_searches` over the full
+search as a one-GPU ``nf4-tune search`` (:func:`nf4tune.tune.search.run_searches` over the full
 problem list, heartbeats included) on the shared database URL: optuna hands the children
 distinct trials of each study, so the studies fill up to their trial count about as many times
 faster as there are GPUs. (SQLite in WAL mode serves the workers of one host; PostgreSQL serves
@@ -35,7 +35,7 @@ from ..vocabulary import Problem
 __all__ = ["DEFAULT_CHILD", "parse_gpus", "devices_for", "ChildResult", "MultiSearchResult", "search_on_gpus",
            "search_on_visible_gpu"]
 
-DEFAULT_CHILD = "tuner.tune.multigpu:search_on_visible_gpu"
+DEFAULT_CHILD = "nf4tune.tune.multigpu:search_on_visible_gpu"
 
 
 def parse_gpus(text: str):
@@ -192,7 +192,7 @@ def _stop(procs) -> None:
 
 # ----------------------------------------------------------------------------- the child
 def search_on_visible_gpu(spec: dict, gpu=None, measurer=None) -> dict:
-    """One GPU's worker: :func:`tuner.tune.search.run_searches` of the spec's problems on the GPU
+    """One GPU's worker: :func:`nf4tune.tune.search.run_searches` of the spec's problems on the GPU
     this process sees (``gpu`` and ``measurer`` default to the real ones), one progress line
     per finished trial; returns what the parent reports."""
     from .search import run_searches

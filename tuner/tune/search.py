@@ -1,6 +1,6 @@
 """``nf4-tune search``: one optuna study per (GPU model, problem), every trial stored.
 
-The search space is the family's parametrisation (:meth:`tuner.family.Family.search_space`):
+The search space is the family's parametrisation (:meth:`nf4tune.family.Family.search_space`):
 knobs tied by a constraint are one categorical parameter whose choices are the valid
 combinations, so every sample is a valid config and the constraints cost no trials. Studies
 live in the same database as the measurements (optuna's RDB storage), named
@@ -108,7 +108,7 @@ class SearchSummary:
     trials: int                       # finished trials in the study
     new_trials: int                   # finished by this call
     measured: int                     # of those, measured on the GPU (the rest came from the database)
-    best_config: object                # a tuner.family.Config, or None
+    best_config: object                # a nf4tune.family.Config, or None
     best_us: Optional[float]
     best_result: Optional[dict]
     blog_us: Optional[float]
@@ -203,7 +203,7 @@ def space_key(distributions: dict) -> str:
 
 
 def _distributions(space: dict) -> dict:
-    """optuna's distributions of a family's search space (:meth:`tuner.family.Family.search_space`)."""
+    """optuna's distributions of a family's search space (:meth:`nf4tune.family.Family.search_space`)."""
     import optuna
 
     return {k: optuna.distributions.CategoricalDistribution(v) for k, v in space.items()}
@@ -546,7 +546,7 @@ def run_searches(problems, *, url: str, gpu, n_trials: int = 30, sampler: str = 
                  command: str = "", progress_for=None, measurer=None, worker: Optional[str] = None) -> SearchRun:
     """Search every problem on ``gpu`` into the database at ``url`` under one recorded run,
     measuring in a restartable worker process: the library call of ``nf4-tune search`` (and of
-    each GPU's worker of ``nf4-tune search --gpus``, see :mod:`tuner.tune.multigpu`).
+    each GPU's worker of ``nf4-tune search --gpus``, see :mod:`nf4tune.tune.multigpu`).
     ``progress_for(problem)`` gives each search's progress callback; ``worker`` names this
     process in the trials it takes."""
     from ..measure.record import recorded_run

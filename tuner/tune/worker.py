@@ -18,7 +18,7 @@ from .trial import TrialOutcome
 
 __all__ = ["WorkerMeasurer", "measure_on_gpu"]
 
-DEFAULT_TARGET = "tuner.tune.worker:measure_on_gpu"
+DEFAULT_TARGET = "nf4tune.tune.worker:measure_on_gpu"
 
 
 def measure_on_gpu(problem: dict, config_json: str, options: dict) -> dict:
@@ -68,7 +68,7 @@ def _worker_main(conn, target: str) -> None:
 
 
 class WorkerMeasurer:
-    """A :class:`tuner.tune.trial.Measurer` that measures in a restartable worker process."""
+    """A :class:`nf4tune.tune.trial.Measurer` that measures in a restartable worker process."""
 
     def __init__(self, target: str = DEFAULT_TARGET, task_timeout_s: float = 180.0, options: Optional[dict] = None):
         self.target = target
