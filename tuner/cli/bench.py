@@ -60,6 +60,9 @@ def add_parser(sub):
     p.add_argument("--exhaustive", action="store_true",
                    help="screen every config of the space for each --shape, then measure the fastest --finalists "
                         "(and the --compare-db best) with the full harness; not stored")
+    p.add_argument("--experimental", action="store_true",
+                   help="with --exhaustive: screen the whole space, the family's experimental knob values too "
+                        "(default: the default space; a value named in --sweep is taken either way)")
     p.add_argument("--finalists", type=positive_int, default=12, help="with --exhaustive: configs re-measured in full (beside any --config, measured too)")
     p.add_argument("--compare-db", default=None, metavar="URL",
                    help="with --exhaustive: also measure the best config stored here (a search's) and report its time "
@@ -297,7 +300,8 @@ def _exhaustive(args) -> int:
              for p in problems}
     spaces = {}
     for prob in problems:
-        space = list(family.iter_space(**{**restrict, **{k: [v] for k, v in family.problem_values(prob).items()}}))
+        space = list(family.iter_space(experimental=args.experimental,
+                                       **{**restrict, **{k: [v] for k, v in family.problem_values(prob).items()}}))
         if not space:
             raise UserError(f"--sweep {' '.join(args.sweep)}: no valid config of {prob.label()} is left")
         spaces[prob] = space

@@ -15,7 +15,9 @@ def add_parser(sub):
                                    "parallel processes, through the on-disk cache. Any real arch the installed NVRTC "
                                    "supports is a target (without --arch: the visible GPU's). Prints the count, "
                                    "failures and time; exits 1 if any source fails. --cover N compiles a covering "
-                                   "sample instead, for a quick check of every N-knob interaction.")
+                                   "sample instead, for a quick check of every N-knob interaction. The space is "
+                                   "counted from the family's declaration; only its distinct sources are listed "
+                                   "(one config each), with a progress line.")
     add_family_arg(p)
     p.add_argument("--arch", default=None, help="target arch, e.g. sm_90, sm_100, sm_120 (default: the visible GPU's)")
     p.add_argument("--dtype", action="append")
@@ -25,8 +27,11 @@ def add_parser(sub):
                         "mma=mma-ks); repeatable")
     p.add_argument("--cover", type=positive_int, default=None, metavar="N",
                    help="compile only a covering sample: sources such that every combination of N source-knob "
-                        "values that any source of the space has is in one of them (N = 3: matmul bf16/nf4 "
-                        "compiles 274 of 20,000 sources); default: every distinct source")
+                        "values that any source of the space has is in one of them; default: every distinct "
+                        "source")
+    p.add_argument("--experimental", action="store_true",
+                   help="the whole space: the experimental knob values too (default: the default space; a "
+                        "value named in --sweep is taken either way)")
     p.add_argument("--workers", type=positive_int, default=None, help="parallel compile processes, at least 1 "
                                                                          "(default: the CPU count)")
     p.add_argument("--cache", default=None, metavar="DIR",
@@ -66,6 +71,27 @@ def _cache(path):
     return path
 
 
+def _list_sources(family, args, restrict, count) -> list:
+    """One config per distinct source of the space (the enumeration the compile needs), with a
+    progress line unless --quiet."""
+    import sys
+
+    total = int(round(count.sources))
+    if not args.quiet:
+        print(f"listing the {'about ' if not count.exact else ''}{total} distinct sources of the "
+              f"{'whole' if args.experimental else 'default'} space ({'' if count.exact else 'estimated; '}"
+              f"{int(round(count.configs))} configurations)", file=sys.stderr, flush=True)
+    show = None if args.quiet else progress_printer(f"list {family.name} sources")
+    out = []
+    for c in family.iter_sources(experimental=args.experimental, **restrict):
+        out.append(c)
+        if show and len(out) % 1000 == 0:
+            show(min(len(out), total), max(total, len(out)))
+    if show:
+        show(len(out), len(out))
+    return out
+
+
 def run(args) -> int:
     from ..kernel import compiler
 
@@ -77,12 +103,13 @@ def run(args) -> int:
     restrict = {k: v for k, v in (("dtype", args.dtype), ("quant", args.quant)) if v}
     restrict.update(_space_restriction(family, args.sweep))
     try:
-        configs = list(family.iter_space(**restrict))
+        count = family.count(experimental=args.experimental, **restrict)
     except ValueError as e:
         raise UserError(str(e)) from None
-    if not configs:
+    if not count.sources:
         raise UserError("no valid config is left in the space with " + " ".join(f"--sweep {s}" for s in args.sweep))
-    space = (len(configs), len(family.distinct_sources(configs)))
+    configs = _list_sources(family, args, restrict, count)
+    space = (count.configs, count.sources)
     if args.cover:
         configs = family.covering_sources(configs, args.cover)
     summary = compiler.compile_many(configs, arch, workers=args.workers, cache_dir=cache,
@@ -91,10 +118,12 @@ def run(args) -> int:
         out = summary.to_dict()
         if args.cover:
             out["cover"] = dict(strength=args.cover, space_configs=space[0], space_sources=space[1])
+        out["space"] = dict(count.to_dict(), experimental=args.experimental)
         print(json.dumps(out, indent=2))
     else:
-        print(f"{family.name}, arch {arch}, NVRTC {compiler.nvrtc_version()}: {space[0]} configurations, "
-              f"{space[1]} distinct sources")
+        est = "" if count.exact else " (estimated)"
+        print(f"{family.name}, arch {arch}, NVRTC {compiler.nvrtc_version()}: {space[0]:.0f} configurations, "
+              f"{space[1]:.0f} distinct sources{est}" + ("" if args.experimental else " (the default space)"))
         if args.cover:
             print(f"covering sample of strength {args.cover}: {summary.sources} sources")
         print(f"compiled {summary.compiled} ({summary.cache_hits} from cache), failures {len(summary.failures)}, "

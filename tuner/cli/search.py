@@ -45,6 +45,8 @@ def add_parser(sub):
     p.add_argument("--seed", type=int, default=None, help="sampler seed")
     p.add_argument("--remeasure", action="store_true", help="measure configs already stored for this GPU/problem")
     p.add_argument("--time-cap", type=positive_float, default=1.0, help="seconds of timing per trial at most")
+    p.add_argument("--experimental", action="store_true",
+                   help="search the whole space, the family's experimental knob values too (a study of its own)")
     add_db_arg(p)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=run)
@@ -101,7 +103,7 @@ def run(args) -> int:
     repo = open_repo(args.db, read_only=False)     # creates or upgrades the database before the first trial
     result = run_searches(problems, url=repo.url, gpu=gpu, n_trials=args.trials, sampler=args.sampler,
                           seed=args.seed, timeout=args.timeout, remeasure=args.remeasure, time_cap_s=args.time_cap,
-                          command=command_line(),
+                          command=command_line(), experimental=args.experimental,
                           progress_for=None if args.quiet else (lambda p: _progress(p.label())))
     for line in _stale_lines(result.summaries):
         print(line, file=sys.stderr)
@@ -131,14 +133,15 @@ def _run_on_gpus(args, problems) -> int:
 
     result = multigpu.search_on_gpus(problems, devices, url=repo.url, n_trials=args.trials, sampler=args.sampler,
                                      seed=args.seed, timeout=args.timeout, remeasure=args.remeasure,
-                                     time_cap_s=args.time_cap, command=command_line(), progress=progress)
+                                     time_cap_s=args.time_cap, command=command_line(), progress=progress,
+                                     experimental=args.experimental)
     gpu_name = result.gpu_name
     if gpu_name is not None:
         summaries = []
         for prob in problems:
             parts = [p for c in result.children for p in c.result.get("problems", []) if p["problem"] == prob.label()]
             try:
-                study = load_study(prob, storage_url=repo.url, gpu_name=gpu_name)
+                study = load_study(prob, storage_url=repo.url, gpu_name=gpu_name, experimental=args.experimental)
             except KeyError:        # every worker failed before this problem
                 continue
             summaries.append(summarize_study(

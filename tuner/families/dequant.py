@@ -1,6 +1,6 @@
 """The dequantize family: bnb's ``dequantize_4bit`` in one fused launch, bit-exact.
 
-Template ``kernel_templates/dequant4.cu``; its header says what every knob changes. Everything
+Template ``kernel_templates/dequant.cu`` (after ``codes.cuh``); its header says what every knob changes. Everything
 this family is lives here: knobs and constraints, defaults and presets, what a problem is
 (shape, output dtype, quant type, blocksize), the launch plan (input checks and geometry),
 input generation, the bit-exact gate against bnb's CUDA ``dequantize_4bit``, the peers it is
@@ -44,6 +44,7 @@ def _inflight(bytes_per_thread, unroll):
 
 
 def _grid_ctas(grid, ctas_per_sm):
+    """oneshot grid: ctas_per_sm is None; persistent grid: ctas_per_sm in 1, 2, 4, 8"""
     if grid == "oneshot" and ctas_per_sm is not None:
         return "ctas_per_sm applies to the persistent grid only (use None with oneshot)"
     if grid == "persistent" and ctas_per_sm is None:
@@ -259,39 +260,36 @@ class DequantInputs:
 # ----------------------------------------------------------------------------- the family
 class DequantFamily(Family):
     name = "dequant"
-    template = "dequant4.cu"
+    headers = ("codes.cuh",)
+    structures = {"dequant": ("dequant.cu",)}
     kernel_name = "nf4t_dequantize"
     title = "bnb dequantize_4bit in one fused launch, bit-exact"
     knobs = (
-        Knob("bytes_per_thread", (1, 2, 4, 8, 16), "source", "NF4T_BYTES", label="{}B",
+        Knob("bytes_per_thread", (1, 2, 4, 8, 16), default=4, refine=5, label="{}B",
              help="packed bytes one thread loads per step (one load of that width)"),
-        Knob("unroll", (1, 2, 4, 8), "source", "NF4T_UNROLL", label="x{}",
+        Knob("unroll", (1, 2, 4, 8), refine=4, label="x{}",
              help="independent steps in flight per thread (all loads issued before first use)"),
-        Knob("threads", (64, 128, 256, 512, 1024), "launch", label="t{}", help="threads per block"),
-        Knob("lut", ("branch", "global", "constant", "shared", "register"), "source", "NF4T_LUT",
+        Knob("threads", (64, 128, 256, 512, 1024), "launch", default=256, refine=0, label="t{}",
+             help="threads per block"),
+        Knob("lut", ("branch", "global", "constant", "shared", "register"), default="shared", refine=6,
              help="where the 16-entry code lives: if-tree, global, __constant__, shared, or selects"),
-        Knob("index", ("div", "shift", "hoisted"), "source", "NF4T_INDEX",
+        Knob("index", ("div", "shift", "hoisted"), default="shift", refine=7,
              help="scale lookup: integer division, shift, or one scale hoisted per step"),
-        Knob("store", ("plain", "streaming"), "source", "NF4T_STORE", help="plain or streaming (evict-first) stores"),
-        Knob("grid", ("oneshot", "persistent"), "launch",
+        Knob("store", ("plain", "streaming"), refine=1, help="plain or streaming (evict-first) stores"),
+        Knob("grid", ("oneshot", "persistent"), "launch", refine=2,
              help="oneshot: one tile per CTA; persistent: grid-stride loop over SMs x ctas_per_sm"),
-        Knob("ctas_per_sm", (None, 1, 2, 4, 8), "launch", label="x{}",
+        Knob("ctas_per_sm", (None, 1, 2, 4, 8), "launch", refine=3, label="x{}",
              help="persistent grid only: CTAs per SM (None for oneshot)"),
-        Knob("dtype", DTYPES, "problem", "NF4T_OUT", help="output dtype"),
-        Knob("quant", QUANTS, "problem", "NF4T_QUANT", help="4-bit code: nf4 or fp4"),
+        Knob("dtype", DTYPES, "problem", default="bf16", help="output dtype"),
+        Knob("quant", QUANTS, "problem", default="nf4", help="4-bit code: nf4 or fp4"),
     )
     constraints = (
-        Constraint(("bytes_per_thread", "unroll"), _inflight),
+        Constraint(("bytes_per_thread", "unroll"), _inflight,
+                   help=f"bytes_per_thread x unroll <= {MAX_INFLIGHT_BYTES} packed bytes in flight per thread"),
         Constraint(("grid", "ctas_per_sm"), _grid_ctas),
-        Constraint(("threads", "grid", "ctas_per_sm"), _resident),
+        Constraint(("threads", "grid", "ctas_per_sm"), _resident,
+                   help=f"persistent grid: threads x ctas_per_sm <= {MAX_RESIDENT_THREADS} resident threads per SM"),
     )
-    constraint_text = (
-        f"bytes_per_thread * unroll <= {MAX_INFLIGHT_BYTES} packed bytes in flight per thread",
-        "oneshot grid: ctas_per_sm is None; persistent grid: ctas_per_sm in 1, 2, 4, 8",
-        f"threads * ctas_per_sm <= {MAX_RESIDENT_THREADS} resident threads per SM",
-    )
-    defaults = dict(bytes_per_thread=4, threads=256, unroll=1, lut="shared", index="shift", store="plain",
-                    grid="oneshot", ctas_per_sm=None, dtype="bf16", quant="nf4")
     presets = {
         # the blog post's final kernel: 4 packed bytes, 256 threads, shared table, shift indexing
         "blog": dict(bytes_per_thread=4, threads=256, unroll=1, lut="shared", index="shift",
@@ -307,7 +305,6 @@ class DequantFamily(Family):
         "fp16": dict(bytes_per_thread=4, unroll=4, threads=128, lut="shared", index="hoisted", store="streaming"),
         "fp32": dict(bytes_per_thread=2, unroll=4, threads=256, lut="shared", index="hoisted"),
     }
-    refine_order = ("threads", "store", "grid", "ctas_per_sm", "unroll", "bytes_per_thread", "lut", "index")
     peer_label = REF_BNB
     ceiling_label = REF_COPY
     problem_knobs = {"dtype": "dtype", "quant": "quant"}

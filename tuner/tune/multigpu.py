@@ -118,7 +118,7 @@ def search_on_gpus(problems: Sequence[Problem], devices: Sequence[tuple], *, url
                    sampler: str = "tpe", seed: Optional[int] = None, timeout: Optional[float] = None,
                    remeasure: bool = False, time_cap_s: float = 1.0, command: str = "",
                    target: Optional[str] = None, progress: Optional[Callable[[str], None]] = None,
-                   child_timeout_s: Optional[float] = None) -> MultiSearchResult:
+                   child_timeout_s: Optional[float] = None, experimental: bool = False) -> MultiSearchResult:
     """Search ``problems`` with one worker process per device of ``devices`` (:func:`devices_for`)
     into the database at ``url``; ``progress(line)`` gets every line the workers print, prefixed
     with their GPU. ``seed`` (when given) is offset per worker so that their samplers differ."""
@@ -136,7 +136,7 @@ def search_on_gpus(problems: Sequence[Problem], devices: Sequence[tuple], *, url
         for k, (index, device) in enumerate(devices):
             spec = dict(problems=[p.to_dict() for p in problems], url=url, n_trials=n_trials, sampler=sampler,
                         seed=None if seed is None else seed + k, timeout=timeout, remeasure=remeasure,
-                        time_cap_s=time_cap_s, command=command, worker=f"gpu{device}",
+                        time_cap_s=time_cap_s, command=command, worker=f"gpu{device}", experimental=experimental,
                         result=str(Path(tmp) / f"gpu{index}.json"))
             spec_path = Path(tmp) / f"gpu{index}-spec.json"
             spec_path.write_text(json.dumps(spec))
@@ -215,7 +215,7 @@ def search_on_visible_gpu(spec: dict, gpu=None, measurer=None) -> dict:
     result = run_searches(problems, url=spec["url"], gpu=gpu, n_trials=spec["n_trials"], sampler=spec["sampler"],
                           seed=spec["seed"], timeout=spec["timeout"], remeasure=spec["remeasure"],
                           time_cap_s=spec["time_cap_s"], command=spec["command"], progress_for=progress_for,
-                          measurer=measurer, worker=spec["worker"])
+                          measurer=measurer, worker=spec["worker"], experimental=spec.get("experimental", False))
     return dict(gpu_name=gpu.name, run_id=result.run_id, seconds=result.seconds,
                 problems=[dict(problem=s.problem.label(), new_trials=s.new_trials, measured=s.measured,
                                stale_failed=s.stale_failed) for s in result.summaries])

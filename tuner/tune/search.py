@@ -329,11 +329,13 @@ def run_search(problem: Problem, *, repo, storage_url: str, gpu_name: str, run, 
                n_trials: int = 30, sampler: str = "tpe", seed: Optional[int] = None,
                timeout: Optional[float] = None, remeasure: bool = False,
                progress: Optional[Callable[[int, int, Optional[float], Optional[float]], None]] = None,
-               template_hash: Optional[str] = None, worker: Optional[str] = None) -> SearchSummary:
+               template_hash: Optional[str] = None, worker: Optional[str] = None,
+               experimental: bool = False) -> SearchSummary:
     """Run (or resume) the study of ``problem`` until it holds ``n_trials`` finished trials
     (or ``timeout`` seconds pass). Every trial's measurement is stored through ``repo``.
     ``worker`` names this measuring process in each trial it takes (user attribute ``worker``;
-    ``nf4-tune search --gpus`` runs one per GPU)."""
+    ``nf4-tune search --gpus`` runs one per GPU). ``experimental``: the family's whole space, its
+    experimental knob values too (a study of its own: the space differs)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -341,18 +343,19 @@ def run_search(problem: Problem, *, repo, storage_url: str, gpu_name: str, run, 
         _ignore_heartbeat_notes()
         return _run_search(problem, repo=repo, storage_url=storage_url, gpu_name=gpu_name, run=run, measurer=measurer,
                            n_trials=n_trials, sampler=sampler, seed=seed, timeout=timeout, remeasure=remeasure,
-                           progress=progress, template_hash=template_hash, worker=worker)
+                           progress=progress, template_hash=template_hash, worker=worker,
+                           experimental=experimental)
 
 
 def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials, sampler, seed, timeout, remeasure,
-                progress, template_hash, worker) -> SearchSummary:
+                progress, template_hash, worker, experimental=False) -> SearchSummary:
     import optuna
     from optuna.trial import TrialState
 
     family = get_family(problem.family)
     family.check_problem(problem)
     th = template_hash or family.template_hash()
-    space = family.search_space(problem)
+    space = family.search_space(problem, experimental)
     distributions = _distributions(space)
     name = study_name(gpu_name, problem)
     storage = _storage(storage_url)
@@ -365,18 +368,21 @@ def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials
         # reach a fresh study together would otherwise each see it empty, each queue the starts,
         # and each measure them.
         starts = [family.builtin_default(problem)] + [family.preset(n, problem) for n in family.presets]
+        starts = [c for c in starts if family.in_space(c, experimental)]     # a preset may be experimental
         near = nearest_best(repo, gpu_name, problem)
-        if near is not None:
+        if near is not None and family.in_space(near, experimental):
             starts.insert(0, near)
         own = repo.best(gpu_name, problem) if study.study_name != name else None   # a study of an older space measured it
         if own is not None:
             try:
-                starts.insert(0, family.from_dict(own[0]))
+                c = family.from_dict(own[0])
+                if family.in_space(c, experimental):
+                    starts.insert(0, c)
             except InvalidConfig:                # a config the current space no longer holds
                 pass
         for c in dict.fromkeys(starts):
             study.enqueue_trial(family.params_from_config(c), skip_if_exists=True)
-    limit = min(n_trials, family.grid_size(problem)) if sampler == "grid" else n_trials
+    limit = min(n_trials, family.grid_size(problem, experimental)) if sampler == "grid" else n_trials
     t0 = time.perf_counter()
     new = measured = 0
     best_us = None
@@ -386,7 +392,7 @@ def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials
         if done >= limit or (timeout is not None and time.perf_counter() - t0 > timeout):
             break
         if sampler != "grid" and limit - done <= refine_trials(limit):
-            _enqueue_refinement(study, family, problem)
+            _enqueue_refinement(study, family, problem, experimental)
         stale += fail_stale_trials(study)   # another worker of this study may have been killed
         trial = study.ask(distributions)
         config = family.config_from_params(trial.params, problem)
@@ -472,14 +478,14 @@ def summarize_study(problem: Problem, *, repo, study, gpu_name: str, new_trials:
                          seconds=seconds, stale_failed=sorted(set(stale_failed)))
 
 
-def load_study(problem: Problem, *, storage_url: str, gpu_name: str):
+def load_study(problem: Problem, *, storage_url: str, gpu_name: str, experimental: bool = False):
     """The optuna study a search of ``problem`` on ``gpu_name`` at ``storage_url`` adds to: the one
     of the family's current search space (:func:`_open_study`)."""
     import optuna
 
     storage = _storage(storage_url)
     name = study_name(gpu_name, problem)
-    keyed = space_study_name(name, _distributions(get_family(problem.family).search_space(problem)))
+    keyed = space_study_name(name, _distributions(get_family(problem.family).search_space(problem, experimental)))
     return optuna.load_study(study_name=keyed if keyed in optuna.get_all_study_names(storage) else name, storage=storage)
 
 
@@ -499,7 +505,7 @@ def _trial_config(family, trial, problem):
     return family.config_from_params(trial.params, problem)
 
 
-def _enqueue_refinement(study, family, problem: Problem) -> None:
+def _enqueue_refinement(study, family, problem: Problem, experimental: bool = False) -> None:
     """Queue the first untried neighbour of the study's best config (greedy local search: the
     next call sees the new best if this one wins)."""
     from optuna.trial import TrialState
@@ -512,7 +518,7 @@ def _enqueue_refinement(study, family, problem: Problem) -> None:
     if not done:
         return
     best = min(done, key=lambda t: t.value)
-    for n in family.neighbours(_trial_config(family, best, problem)):
+    for n in family.neighbours(_trial_config(family, best, problem), experimental):
         p = family.params_from_config(n)
         if tuple(sorted(p.items())) not in tried:
             study.enqueue_trial(p, skip_if_exists=True)
@@ -543,7 +549,8 @@ class SearchRun:
 
 def run_searches(problems, *, url: str, gpu, n_trials: int = 30, sampler: str = "tpe", seed: Optional[int] = None,
                  timeout: Optional[float] = None, remeasure: bool = False, time_cap_s: float = 1.0,
-                 command: str = "", progress_for=None, measurer=None, worker: Optional[str] = None) -> SearchRun:
+                 command: str = "", progress_for=None, measurer=None, worker: Optional[str] = None,
+                 experimental: bool = False) -> SearchRun:
     """Search every problem on ``gpu`` into the database at ``url`` under one recorded run,
     measuring in a restartable worker process: the library call of ``nf4-tune search`` (and of
     each GPU's worker of ``nf4-tune search --gpus``, see :mod:`nf4tune.tune.multigpu`).
@@ -562,7 +569,8 @@ def run_searches(problems, *, url: str, gpu, n_trials: int = 30, sampler: str = 
                 summaries.append(run_search(prob, repo=rec.repo, storage_url=url, gpu_name=gpu.name, run=rec.run,
                                             measurer=measurer, n_trials=n_trials, sampler=sampler, seed=seed,
                                             timeout=timeout, remeasure=remeasure,
-                                            progress=progress_for(prob) if progress_for else None, worker=worker))
+                                            progress=progress_for(prob) if progress_for else None, worker=worker,
+                                            experimental=experimental))
     finally:
         if own:
             measurer.close()

@@ -11,26 +11,31 @@
 // built with -ftz=true, which is what bnb's --use_fast_math CUDA build computes.  The first
 // value of a byte is its HIGH nibble.
 //
-// The knobs arrive as macros, written by kernel_templates.render(); each variant changes:
-//   NF4T_BYTES   packed bytes a thread loads per step: 1, 2, 4, 8, 16 (one load of that width).
-//                Wider steps mean fewer, wider memory instructions and 16-byte output stores.
+// The knobs arrive as macros (tuner/families/dequant.py declares them; kernel_templates.render
+// writes each as NF4T_<KNOB>, an enum knob's values as named constants NF4T_<KNOB>_<VALUE>), after
+// kernel_templates/codes.cuh (the 16-entry code of NF4T_QUANT and lut_select). Each changes:
+//   NF4T_BYTES_PER_THREAD  packed bytes a thread loads per step: 1, 2, 4, 8, 16 (one load of
+//                that width). Wider steps mean fewer, wider memory instructions and 16-byte
+//                output stores.
 //   NF4T_UNROLL  independent steps per thread per tile, all loads issued before the first use
 //                (1, 2, 4, 8): more bytes in flight to cover DRAM latency.
 //   NF4T_LUT     where the 16-entry code lives:
-//                  0 branch   an if-tree on the nibble bits (warps diverge on data)
-//                  1 global   a __device__ array, as bnb does (an L1-cached load per value)
-//                  2 constant __constant__ memory (serialises when a warp reads many addresses)
-//                  3 shared   copied to shared memory per CTA (32 banks serve divergent reads)
-//                  4 register no memory: a 4-level select tree on the nibble bits
+//                  NF4T_LUT_BRANCH    an if-tree on the nibble bits (warps diverge on data)
+//                  NF4T_LUT_GLOBAL    a __device__ array, as bnb does (an L1-cached load per value)
+//                  NF4T_LUT_CONSTANT  __constant__ memory (serialises when a warp reads many
+//                                     addresses)
+//                  NF4T_LUT_SHARED    copied to shared memory per CTA (32 banks serve divergent reads)
+//                  NF4T_LUT_REGISTER  no memory: a 4-level select tree on the nibble bits
 //   NF4T_INDEX   how a value finds its scale:
-//                  0 div      integer division by the run-time blocksize, per packed byte
-//                  1 shift    shift by log2(blocksize), per packed byte
-//                  2 hoisted  one scale per step (a step never straddles a quantization block:
-//                             2*NF4T_BYTES <= 32 <= blocksize and steps are aligned)
-//   NF4T_STORE   0 plain stores, 1 streaming stores (st.global.cs: evict-first, the output is
-//                not re-read by this kernel)
-//   NF4T_OUT     0 bf16, 1 fp16, 2 fp32
-//   NF4T_QUANT   0 nf4, 1 fp4
+//                  NF4T_INDEX_DIV     integer division by the run-time blocksize, per packed byte
+//                  NF4T_INDEX_SHIFT   shift by log2(blocksize), per packed byte
+//                  NF4T_INDEX_HOISTED one scale per step (a step never straddles a quantization
+//                                     block: 2*NF4T_BYTES_PER_THREAD <= 32 <= blocksize and steps
+//                                     are aligned)
+//   NF4T_STORE   NF4T_STORE_PLAIN stores, or NF4T_STORE_STREAMING (st.global.cs: evict-first, the
+//                output is not re-read by this kernel)
+//   NF4T_DTYPE   the output: NF4T_DTYPE_BF16, NF4T_DTYPE_FP16, NF4T_DTYPE_FP32
+//   NF4T_QUANT   NF4T_QUANT_NF4 or NF4T_QUANT_FP4 (codes.cuh)
 // Threads per block and the grid (one tile per CTA, or a persistent grid-stride loop) are
 // launch parameters: the loop below serves both, a one-shot grid runs it once.
 //
@@ -44,46 +49,7 @@
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-#if NF4T_QUANT == 0
-#define NF4T_V0 -1.0f
-#define NF4T_V1 -0.6961928009986877f
-#define NF4T_V2 -0.5250730514526367f
-#define NF4T_V3 -0.39491748809814453f
-#define NF4T_V4 -0.28444138169288635f
-#define NF4T_V5 -0.18477343022823334f
-#define NF4T_V6 -0.09105003625154495f
-#define NF4T_V7 0.0f
-#define NF4T_V8 0.07958029955625534f
-#define NF4T_V9 0.16093020141124725f
-#define NF4T_V10 0.24611230194568634f
-#define NF4T_V11 0.33791524171829224f
-#define NF4T_V12 0.44070982933044434f
-#define NF4T_V13 0.5626170039176941f
-#define NF4T_V14 0.7229568362236023f
-#define NF4T_V15 1.0f
-#else
-// bnb CUDA: fp4_dequantization_lut[v & 7] * (v & 8 ? -1 : 1); code 0b1000 is -0.0.
-#define NF4T_V0 0.0f
-#define NF4T_V1 0.005208333333f
-#define NF4T_V2 0.66666667f
-#define NF4T_V3 1.0f
-#define NF4T_V4 0.33333333f
-#define NF4T_V5 0.5f
-#define NF4T_V6 0.16666667f
-#define NF4T_V7 0.25f
-#define NF4T_V8 -0.0f
-#define NF4T_V9 -0.005208333333f
-#define NF4T_V10 -0.66666667f
-#define NF4T_V11 -1.0f
-#define NF4T_V12 -0.33333333f
-#define NF4T_V13 -0.5f
-#define NF4T_V14 -0.16666667f
-#define NF4T_V15 -0.25f
-#endif
-#define NF4T_VALUES NF4T_V0, NF4T_V1, NF4T_V2, NF4T_V3, NF4T_V4, NF4T_V5, NF4T_V6, NF4T_V7, \
-    NF4T_V8, NF4T_V9, NF4T_V10, NF4T_V11, NF4T_V12, NF4T_V13, NF4T_V14, NF4T_V15
-
-#if NF4T_OUT == 2
+#if NF4T_DTYPE == NF4T_DTYPE_FP32
 typedef float out_t;
 #define NF4T_WORDS_PER_BYTE 2
 #else
@@ -91,8 +57,8 @@ typedef unsigned short out_t;
 #define NF4T_WORDS_PER_BYTE 1
 #endif
 
-#define NF4T_LOAD_WORDS ((NF4T_BYTES + 3) / 4)
-#define NF4T_OUT_WORDS (NF4T_BYTES * NF4T_WORDS_PER_BYTE)
+#define NF4T_LOAD_WORDS ((NF4T_BYTES_PER_THREAD + 3) / 4)
+#define NF4T_OUT_WORDS (NF4T_BYTES_PER_THREAD * NF4T_WORDS_PER_BYTE)
 
 // ---------------------------------------------------------------- lookup table
 __device__ __forceinline__ float lut_branch(u32 q) {
@@ -115,33 +81,22 @@ __device__ __forceinline__ float lut_branch(u32 q) {
     }
 }
 
-#if NF4T_LUT == 1
+#if NF4T_LUT == NF4T_LUT_GLOBAL
 __device__ float nf4t_lut_global[16] = {NF4T_VALUES};
-#elif NF4T_LUT == 2
+#elif NF4T_LUT == NF4T_LUT_CONSTANT
 __constant__ float nf4t_lut_constant[16] = {NF4T_VALUES};
-#elif NF4T_LUT == 3
+#elif NF4T_LUT == NF4T_LUT_SHARED
 __shared__ float nf4t_lut_shared[16];
 #endif
 
-__device__ __forceinline__ float lut_select(u32 q) {
-    const bool b0 = q & 1, b1 = q & 2, b2 = q & 4, b3 = q & 8;
-    const float a0 = b0 ? NF4T_V1 : NF4T_V0,   a1 = b0 ? NF4T_V3 : NF4T_V2;
-    const float a2 = b0 ? NF4T_V5 : NF4T_V4,   a3 = b0 ? NF4T_V7 : NF4T_V6;
-    const float a4 = b0 ? NF4T_V9 : NF4T_V8,   a5 = b0 ? NF4T_V11 : NF4T_V10;
-    const float a6 = b0 ? NF4T_V13 : NF4T_V12, a7 = b0 ? NF4T_V15 : NF4T_V14;
-    const float c0 = b1 ? a1 : a0, c1 = b1 ? a3 : a2, c2 = b1 ? a5 : a4, c3 = b1 ? a7 : a6;
-    const float d0 = b2 ? c1 : c0, d1 = b2 ? c3 : c2;
-    return b3 ? d1 : d0;
-}
-
 __device__ __forceinline__ float lut(u32 q) {
-#if NF4T_LUT == 0
+#if NF4T_LUT == NF4T_LUT_BRANCH
     return lut_branch(q);
-#elif NF4T_LUT == 1
+#elif NF4T_LUT == NF4T_LUT_GLOBAL
     return nf4t_lut_global[q];
-#elif NF4T_LUT == 2
+#elif NF4T_LUT == NF4T_LUT_CONSTANT
     return nf4t_lut_constant[q];
-#elif NF4T_LUT == 3
+#elif NF4T_LUT == NF4T_LUT_SHARED
     return nf4t_lut_shared[q];
 #else
     return lut_select(q);
@@ -165,7 +120,7 @@ __device__ __forceinline__ float scale_of_block(const Scales& s, u32 b, u32 g) {
 
 // Scale of the block holding element e, with this variant's index arithmetic.
 __device__ __forceinline__ float scale_of_element(const Scales& s, u32 e) {
-#if NF4T_INDEX == 0
+#if NF4T_INDEX == NF4T_INDEX_DIV
     const u32 b = e / s.blocksize;
     return scale_of_block(s, b, b / s.groupsize);
 #else
@@ -177,7 +132,7 @@ __device__ __forceinline__ float scale_of_element(const Scales& s, u32 e) {
 // ---------------------------------------------------------------- conversion and stores
 __device__ __forceinline__ u32 pack_pair(float first, float second) {
     u32 r;
-#if NF4T_OUT == 0
+#if NF4T_DTYPE == NF4T_DTYPE_BF16
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(second), "f"(first));
 #else
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(second), "f"(first));
@@ -186,11 +141,11 @@ __device__ __forceinline__ u32 pack_pair(float first, float second) {
 }
 
 __device__ __forceinline__ void store_one(out_t* out, u32 e, float v) {
-#if NF4T_OUT == 2
+#if NF4T_DTYPE == NF4T_DTYPE_FP32
     out[e] = v;
 #else
     unsigned short h;
-#if NF4T_OUT == 0
+#if NF4T_DTYPE == NF4T_DTYPE_BF16
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
 #else
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
@@ -200,21 +155,21 @@ __device__ __forceinline__ void store_one(out_t* out, u32 e, float v) {
 }
 
 __device__ __forceinline__ void store_v4(u32* p, u32 a, u32 b, u32 c, u32 d) {
-#if NF4T_STORE == 1
+#if NF4T_STORE == NF4T_STORE_STREAMING
     asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
 #else
     *reinterpret_cast<uint4*>(p) = make_uint4(a, b, c, d);
 #endif
 }
 __device__ __forceinline__ void store_v2(u32* p, u32 a, u32 b) {
-#if NF4T_STORE == 1
+#if NF4T_STORE == NF4T_STORE_STREAMING
     asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" :: "l"(p), "r"(a), "r"(b) : "memory");
 #else
     *reinterpret_cast<uint2*>(p) = make_uint2(a, b);
 #endif
 }
 __device__ __forceinline__ void store_v1(u32* p, u32 a) {
-#if NF4T_STORE == 1
+#if NF4T_STORE == NF4T_STORE_STREAMING
     asm volatile("st.global.cs.u32 [%0], %1;" :: "l"(p), "r"(a) : "memory");
 #else
     *p = a;
@@ -223,37 +178,37 @@ __device__ __forceinline__ void store_v1(u32* p, u32 a) {
 
 // ---------------------------------------------------------------- one step
 __device__ __forceinline__ void load_step(const unsigned char* __restrict__ A, u32 step, u32 (&w)[NF4T_LOAD_WORDS]) {
-    const unsigned char* p = A + (u64)step * NF4T_BYTES;
-#if NF4T_BYTES == 16
+    const unsigned char* p = A + (u64)step * NF4T_BYTES_PER_THREAD;
+#if NF4T_BYTES_PER_THREAD == 16
     const uint4 v = *reinterpret_cast<const uint4*>(p);
     w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
-#elif NF4T_BYTES == 8
+#elif NF4T_BYTES_PER_THREAD == 8
     const uint2 v = *reinterpret_cast<const uint2*>(p);
     w[0] = v.x; w[1] = v.y;
-#elif NF4T_BYTES == 4
+#elif NF4T_BYTES_PER_THREAD == 4
     w[0] = *reinterpret_cast<const u32*>(p);
-#elif NF4T_BYTES == 2
+#elif NF4T_BYTES_PER_THREAD == 2
     w[0] = *reinterpret_cast<const unsigned short*>(p);
 #else
     w[0] = *p;
 #endif
 }
 
-// Decode a full step (all 2*NF4T_BYTES outputs inside n) into NF4T_OUT_WORDS 32-bit words.
+// Decode a full step (all 2*NF4T_BYTES_PER_THREAD outputs inside n) into NF4T_OUT_WORDS 32-bit words.
 __device__ __forceinline__ void decode_step(const Scales& s, u32 step, const u32 (&w)[NF4T_LOAD_WORDS],
                                             float hoisted_scale, u32 (&o)[NF4T_OUT_WORDS]) {
-    const u32 e0 = step * (2 * NF4T_BYTES);
+    const u32 e0 = step * (2 * NF4T_BYTES_PER_THREAD);
 #pragma unroll
-    for (int j = 0; j < NF4T_BYTES; ++j) {
+    for (int j = 0; j < NF4T_BYTES_PER_THREAD; ++j) {
         const u32 byte = (w[j >> 2] >> ((j & 3) * 8)) & 0xffu;
-#if NF4T_INDEX == 2
+#if NF4T_INDEX == NF4T_INDEX_HOISTED
         const float sc = hoisted_scale;
 #else
         const float sc = scale_of_element(s, e0 + 2 * j);
 #endif
         const float first = __fmul_rn(lut(byte >> 4), sc);
         const float second = __fmul_rn(lut(byte & 15u), sc);
-#if NF4T_OUT == 2
+#if NF4T_DTYPE == NF4T_DTYPE_FP32
         o[2 * j] = __float_as_uint(first);
         o[2 * j + 1] = __float_as_uint(second);
 #else
@@ -267,7 +222,7 @@ __device__ __forceinline__ void decode_store_step(const Scales& s, out_t* __rest
                                                   const u32 (&w)[NF4T_LOAD_WORDS], float hoisted_scale) {
     u32 o[NF4T_OUT_WORDS];
     decode_step(s, step, w, hoisted_scale, o);
-    u32* dst = reinterpret_cast<u32*>(out + step * (2 * NF4T_BYTES));
+    u32* dst = reinterpret_cast<u32*>(out + step * (2 * NF4T_BYTES_PER_THREAD));
 #if NF4T_OUT_WORDS >= 4
 #pragma unroll
     for (int k = 0; k < NF4T_OUT_WORDS; k += 4) store_v4(dst + k, o[k], o[k + 1], o[k + 2], o[k + 3]);
@@ -284,8 +239,8 @@ __device__ __forceinline__ void tail_step(const unsigned char* __restrict__ A, c
                                           out_t* __restrict__ out, u32 step, u32 n) {
     const u32 nbytes = (n + 1) >> 1;
 #pragma unroll 1
-    for (int j = 0; j < NF4T_BYTES; ++j) {
-        const u32 bi = step * NF4T_BYTES + j;
+    for (int j = 0; j < NF4T_BYTES_PER_THREAD; ++j) {
+        const u32 bi = step * NF4T_BYTES_PER_THREAD + j;
         if (bi >= nbytes) return;
         const u32 byte = A[bi];
         const u32 e = 2 * bi;
@@ -302,7 +257,7 @@ nf4t_dequantize(const unsigned char* __restrict__ A,
                 const float* __restrict__ absmax2, const float* __restrict__ absmax_f, float offset,
                 out_t* __restrict__ out, u32 n,
                 u32 blocksize, u32 log2_blocksize, u32 groupsize, u32 log2_groupsize, u32 ntiles) {
-#if NF4T_LUT == 3
+#if NF4T_LUT == NF4T_LUT_SHARED
     if (threadIdx.x < 16) nf4t_lut_shared[threadIdx.x] = lut_branch(threadIdx.x);
     __syncthreads();
 #endif
@@ -316,15 +271,15 @@ nf4t_dequantize(const unsigned char* __restrict__ A,
     for (u32 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
         const u32 first = tile * tile_steps + threadIdx.x;
         const u32 last = first + (NF4T_UNROLL - 1) * threads;
-        if ((u64)(last + 1) * (2 * NF4T_BYTES) <= (u64)n) {
+        if ((u64)(last + 1) * (2 * NF4T_BYTES_PER_THREAD) <= (u64)n) {
             u32 w[NF4T_UNROLL][NF4T_LOAD_WORDS];
             float sc[NF4T_UNROLL];
 #pragma unroll
             for (int u = 0; u < NF4T_UNROLL; ++u) load_step(A, first + u * threads, w[u]);
 #pragma unroll
             for (int u = 0; u < NF4T_UNROLL; ++u) {
-#if NF4T_INDEX == 2
-                const u32 b = ((first + u * threads) * (2 * NF4T_BYTES)) >> log2_blocksize;
+#if NF4T_INDEX == NF4T_INDEX_HOISTED
+                const u32 b = ((first + u * threads) * (2 * NF4T_BYTES_PER_THREAD)) >> log2_blocksize;
                 sc[u] = scale_of_block(s, b, b >> log2_groupsize);
 #else
                 sc[u] = 0.0f;
