@@ -74,13 +74,30 @@ def test_unknown_arch_is_refused(tmp_path):
 
 
 def test_render_sets_every_knob_macro():
+    """The macros (an enum's value as its named constant), then the family's files in order as one text."""
     src = preset("bnb-like").render()
-    assert "#define NF4T_BYTES 8" in src and "#define NF4T_LUT 1" in src and "#define NF4T_INDEX 0" in src
-    assert src.endswith(template_source("dequant4.cu"))
+    assert "#define NF4T_BYTES_PER_THREAD 8\n" in src and "#define NF4T_INDEX NF4T_INDEX_DIV\n" in src
+    assert "#define NF4T_LUT NF4T_LUT_GLOBAL\n" in src and "#define NF4T_LUT_GLOBAL 1\n" in src
+    assert D.template_files(preset("bnb-like")) == ("codes.cuh", "dequant.cu")
+    assert src.endswith(template_source("dequant.cu"))
+    assert src.index(template_source("codes.cuh")) < src.index(template_source("dequant.cu"))
     with pytest.raises(ValueError):
-        render("dequant4.cu", {"NF4T_LUT": "texture"})
+        render("dequant.cu", {"NF4T_LUT": 2.5})
+    with pytest.raises(ValueError, match="names no defined constant"):
+        render("dequant.cu", {"NF4T_LUT": "NF4T_LUT_TEXTURE"}, {"NF4T_LUT_GLOBAL": 1})
     with pytest.raises(ValueError):
         template_source("missing.cu")
+
+
+def test_no_template_file_is_over_1000_lines_and_every_one_is_used():
+    """The templates are files a reader can take in: none over 1,000 lines, each one some family joins."""
+    from nf4tune.families import FAMILIES
+    from nf4tune.kernel_templates import templates
+
+    used = {f for fam in FAMILIES.values() for f in fam.all_template_files()}
+    assert set(templates()) == used
+    for name in templates():
+        assert template_source(name).count("\n") <= 1000, name
 
 
 def test_a_sample_of_the_space_compiles_in_parallel(compile_cache):
@@ -95,7 +112,7 @@ def test_a_sample_of_the_space_compiles_in_parallel(compile_cache):
 def test_every_three_source_knob_values_together_compile(arch, compile_cache):
     """A covering sample of the dequant space (every combination of 3 source-knob values that a
     source has) for the H200 and for archs no machine here has; the whole space is the slow test."""
-    sample = D.covering_sources(D.iter_space(), 3)
+    sample = D.covering_sources(D.iter_sources(), 3)
     summary = C.compile_many(sample, arch, workers=os.cpu_count(), cache_dir=compile_cache)
     assert summary.sources == len(sample) >= 50
     assert summary.failures == [], summary.failures[:3]
@@ -106,11 +123,11 @@ def test_every_three_source_knob_values_together_compile(arch, compile_cache):
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100", "sm_120"])
 def test_every_distinct_source_compiles(arch, compile_cache):
     """The whole dequant space for the H200 and for archs no machine here has (B200, RTX 5090)."""
-    configs = list(D.iter_space())
+    configs = list(D.iter_sources())
     summary = C.compile_many(configs, arch, workers=os.cpu_count(), cache_dir=compile_cache)
     print(f"{arch}: {summary.sources} sources, {summary.seconds:.0f} s, max registers {summary.max_registers}, "
           f"{summary.spilling} with spills")
-    assert summary.sources == len(D.distinct_sources(configs))
+    assert summary.sources == len(configs) == D.count().sources
     assert summary.failures == [], summary.failures[:3]
     assert summary.compiled == summary.sources
 
