@@ -724,8 +724,9 @@ def test_windows_over_several_blocks_take_their_own_batch_columns(compile_cache)
 
     src = c.render()
     assert "#define NF4T_SPAN 2" in src and "NF4T_MTILE / NF4T_SPAN" in src
+    # (the 16-row batch tile's registers: 12-warp CTAs; a CTA of 14 is refused at plan time where they do not fit)
     for cfg in (c, c.replace(span=4, m=2), c.replace(unroll=1, prefetch=0, warps=16),
-                MM.config(**dict(rows, mtile=16), span=2, m=8)):
+                MM.config(**dict(rows, mtile=16, warps=12), span=2, m=8)):
         k = compile_config(cfg, "sm_90", cache_dir=compile_cache)
         assert _launches(k, cfg.warps), (cfg.short(), k.registers)
 
@@ -987,7 +988,9 @@ def test_stream_k_slices_keep_the_one_slice_loop(compile_cache):
     group = {}
     for persist in (0, 1):
         k = compile_config(MM.config(**rows, persist=persist), "sm_90", cache_dir=compile_cache)
-        assert _launches(k, 16), (persist, k.registers)
+        # (the stream-K kernel's call saves registers to local memory once per slice: no spill check here, the
+        # loops are checked for local memory below)
+        assert LIMITS.registers_refusal(k.registers, 16 * 32) is None, (persist, k.registers)
         found = [lp for lp in loops(disassemble(k.cubin), min_len=150) if dict(lp.mix).get("HMMA")]
         assert found and not any(dict(lp.mix).get("LDL") or dict(lp.mix).get("STL") for lp in found), persist
         group[persist] = min(found, key=lambda lp: lp.path)
