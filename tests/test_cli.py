@@ -52,6 +52,42 @@ def test_space_prints_knobs_and_count(capsys):
     assert "lut" in out and "constraints" in out
 
 
+def test_space_counts_the_matmul_family_from_its_declaration(capsys):
+    """`space --family matmul` prints counts computed from the declaration (not enumerated): the default
+    space's and, for reference, the whole space's; experimental values are starred; --experimental counts the
+    whole space; each constraint prints its own help; --json carries the same numbers."""
+    from nf4tune.families import MATMUL
+
+    assert cli.main(["space", "--family", "matmul"]) == 0
+    out = capsys.readouterr().out
+    default, whole = MATMUL.count(), MATMUL.count(experimental=True)
+    assert f"configurations: {default.configs}\n" in out and f"distinct CUDA sources: {default.sources}\n" in out
+    assert f"with --experimental: {whole.configs} configurations, {whole.sources} distinct CUDA sources" in out
+    assert "mma*" in out and "bulk*" in out and "(mma, warps): warps 12, 14, 16: SIMT and mma-rows only" in out
+    assert "matmul/mma_rows.cu" in out
+    assert cli.main(["space", "--family", "matmul", "--experimental", "--dtype", "bf16", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["experimental"] and d["count"]["exact"] and "whole_space" not in d
+    assert (d["size"], d["distinct_sources"]) == (MATMUL.space_size(experimental=True, dtype=["bf16"]),
+                                                 MATMUL.count(experimental=True, dtype=["bf16"]).sources)
+    assert d["knobs"]["mma"]["experimental"] == ["mma"] and d["knobs"]["load_bytes"]["macro"] == "NF4T_LOAD_BYTES"
+    assert {"knobs": ["mma", "warps"], "help": "warps 12, 14, 16: SIMT and mma-rows only."} in d["constraints"]
+
+
+def test_compile_takes_experimental_values_when_asked(tmp_path, capsys):
+    """The tensor-core path `mma` is experimental (so is its every-value scale): compile leaves it out of the
+    default space and compiles it with --experimental."""
+    argv = ["compile", "--family", "matmul", "--arch", "sm_90", "--dtype", "bf16", "--quant", "nf4", "--cache",
+            str(tmp_path), "--quiet", "--sweep", "mma=mma", "--sweep", "rows_per_warp=16", "--sweep", "mtile=8",
+            "--sweep", "m=8", "--sweep", "lut=shared", "--sweep", "astage=global"]
+    assert cli.main(argv) == 2
+    assert "no valid config is left" in capsys.readouterr().err
+    assert cli.main(argv + ["--experimental", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["space"]["experimental"] and out["space"]["exact"]
+    assert out["sources"] == out["compiled"] == out["space"]["sources"] == 2 and out["failures"] == []   # wload
+
+
 def test_no_command_prints_help_and_is_a_usage_error(capsys):
     assert cli.main([]) == 2
 
