@@ -172,3 +172,25 @@ def _final(shape, m, bnb_us, rows, gpu="NVIDIA H100 80GB HBM3"):
     return dict(problem=prob, final=dict(problem=prob, results=results, peer_label="bnb matmul_4bit",
                                          gpu_before=dict(gpu_name=gpu)))
 
+
+
+def test_sass_snapshots_compare_byte_for_byte(tmp_path):
+    """nf4tune.kernel.sass's identity check (run before and after a change to the templates or a family):
+    the same configs give the same SASS; a changed kernel or a missing config is reported."""
+    from nf4tune.kernel.sass import compare_snapshots, find_nvdisasm, identity_sample, snapshot
+
+    try:
+        find_nvdisasm()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    sample = identity_sample(D, strength=1)
+    assert len(sample) >= 5 and len(D.distinct_sources(sample)) == len(sample)
+    configs = [preset("blog"), preset("bnb-like")]
+    snapshot(configs, tmp_path / "a")
+    snapshot(configs, tmp_path / "b")
+    assert compare_snapshots(tmp_path / "a", tmp_path / "b") == []
+    snapshot([configs[0], configs[1].replace(store="streaming")], tmp_path / "c")
+    diff = compare_snapshots(tmp_path / "a", tmp_path / "c")
+    assert len(diff) == 1 and "missing" in diff[0]
+    (tmp_path / "b" / "dequant-0000.sass").write_text("changed")
+    assert ["different SASS" in line for line in compare_snapshots(tmp_path / "a", tmp_path / "b")] == [True]

@@ -416,7 +416,7 @@ def test_a_study_of_an_older_search_space_is_continued_in_a_study_of_the_current
     current = D.search_space(prob)
     param = next(k for k, v in current.items() if len(v) > 2)
     older = {**current, param: current[param][:-1]}          # the space before its last choice was added
-    monkeypatch.setattr(D, "search_space", lambda problem: older)
+    monkeypatch.setattr(D, "search_space", lambda problem, experimental=False: older)
     s1 = run_search(prob, repo=repo, storage_url=url, gpu_name=GPU, run=run, measurer=FakeMeasurer(), n_trials=6,
                     seed=2)
     monkeypatch.undo()

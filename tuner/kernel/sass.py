@@ -88,3 +88,66 @@ def loops(sass: str, min_len: int = 100) -> list:
         mix = collections.Counter(opcode(t) for t in path).most_common()
         found.append(Loop(start, i, i - start + 1, len(path), tuple(mix)))
     return found
+
+
+# ----------------------------------------------------------------------------- SASS identity across a change
+def identity_sample(family, strength: int = 2) -> list:
+    """The configs whose SASS a refactor of the templates or the family must keep byte for byte: for each
+    structure of the family, a ``strength``-wise covering sample of its distinct sources in the whole space
+    (every dtype and quant, experimental values included), then the built-in defaults and presets."""
+    from ..vocabulary import M_BUCKETS, Problem
+
+    sources = list(family.iter_sources(experimental=True))
+    out = []
+    for name in family.structures:
+        mine = [c for c in sources if family.structure(c) == name]
+        out += family.covering_sources(mine, strength) if mine else []
+    for dtype in ("bf16", "fp16", "fp32"):
+        for m in (M_BUCKETS if "m" in family.knob_names else (None,)):
+            out.append(family.builtin_default(Problem((64, 64), dtype, "nf4", 64, family.name, m)))
+        out += [family.preset(p, dtype=dtype, quant="nf4", **({"m": 1} if "m" in family.knob_names else {}))
+                for p in family.presets]
+    return list(family.distinct_sources(out).values())
+
+
+def snapshot(configs, folder, arch: str = "sm_90") -> list:
+    """Compile each config (NVRTC, no cache) and write its SASS to ``folder``/<family>-<i>.sass, with
+    ``folder``/index.json: the config, registers and the SASS's SHA-256. Run it before and after a
+    change (each with that version of the code) and :func:`compare_snapshots` the two folders."""
+    import hashlib
+    import json
+
+    from .compiler import compile_config
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, c in enumerate(configs):
+        k = compile_config(c, arch, use_cache=False)
+        text = disassemble(k.cubin)
+        name = f"{c.family.name}-{i:04d}.sass"
+        (folder / name).write_text(text)
+        rows.append(dict(family=c.family.name, knobs=c.to_dict(), registers=k.registers, file=name,
+                         sha256=hashlib.sha256(text.encode()).hexdigest()))
+    (folder / "index.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def compare_snapshots(before, after) -> list:
+    """What differs between two :func:`snapshot` folders: one line per config of ``before`` whose SASS in
+    ``after`` is missing or not byte for byte the same (an empty list: identical)."""
+    import json
+
+    def index(folder):
+        rows = json.loads((Path(folder) / "index.json").read_text())
+        return {json.dumps([r["family"], r["knobs"]], sort_keys=True): r for r in rows}
+
+    a, b = index(before), index(after)
+    out = []
+    for key, r in a.items():
+        s = b.get(key)
+        if s is None:
+            out.append(f"missing: {key}")
+        elif (Path(before) / r["file"]).read_bytes() != (Path(after) / s["file"]).read_bytes():
+            out.append(f"different SASS: {key} ({r['file']} / {s['file']}, {r['registers']} / {s['registers']} registers)")
+    return out
