@@ -86,14 +86,15 @@ def test_sources_are_counted_across_problem_knobs_outside_the_source():
 
 def test_counts_take_at_most_5_s_and_300_mb_for_every_family_and_space():
     """`nf4-tune space` used to enumerate 11 million matmul configs (635 s, 2.9 GB) to print two counts:
-    computed from the declaration they take well under 5 s and 300 MB (tracemalloc's peak of the
-    count), for every family, in the default and the whole space."""
+    computed from the declaration they take well under 5 s of CPU time (this machine is shared: wall time
+    would measure the neighbours) and 300 MB (tracemalloc's peak of the count), for every family, in the
+    default and the whole space."""
     for fam in FAMILIES.values():
         for experimental in (False, True):
             fresh = fam.extended()                  # no cached walks
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             c = fresh.count(experimental=experimental)
-            seconds = time.perf_counter() - t0
+            seconds = time.process_time() - t0
             tracemalloc.start()
             fam.extended().count(experimental=experimental)
             peak = tracemalloc.get_traced_memory()[1]
@@ -105,19 +106,20 @@ def test_counts_take_at_most_5_s_and_300_mb_for_every_family_and_space():
 
 
 def test_the_space_command_answers_within_its_bounds():
-    """The whole command, in a fresh process: `space --family matmul --experimental --json` within 5 s of
-    wall time and 300 MB of resident memory (the process's own peak)."""
+    """The whole command, in a fresh process, start-up included: `space --family matmul` (the default space's
+    counts and the whole space's) within 5 s of CPU time and 300 MB of resident memory (the process's own
+    peaks; wall time on this shared machine would measure the neighbours too)."""
     code = ("import resource, sys; from nf4tune import cli; rc = cli.main(sys.argv[1:]); "
-            "print('MAXRSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)")
-    t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", code, "space", "--family", "matmul", "--experimental", "--json"],
-                       capture_output=True, text=True, timeout=60)
-    wall = time.perf_counter() - t0
+            "u = resource.getrusage(resource.RUSAGE_SELF); "
+            "print('USAGE', u.ru_utime + u.ru_stime, u.ru_maxrss, file=sys.stderr); sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code, "space", "--family", "matmul", "--json"],
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert (data["size"], data["distinct_sources"]) == (11032080, 85120) and data["count"]["exact"]
-    rss_kb = int(re.search(r"MAXRSS (\d+)", r.stderr).group(1))
-    assert wall < 5.0 and rss_kb < 300 * 1024, (wall, rss_kb)
+    assert (data["whole_space"]["size"], data["whole_space"]["distinct_sources"]) == (11032080, 85120)
+    assert data["count"]["exact"] and data["whole_space"]["count"]["exact"]
+    cpu, rss_kb = re.search(r"USAGE ([\d.]+) (\d+)", r.stderr).groups()
+    assert float(cpu) < 5.0 and int(rss_kb) < 300 * 1024, (cpu, rss_kb)
 
 
 def test_an_infeasible_count_is_estimated_and_says_so(capsys):
@@ -386,7 +388,7 @@ def test_a_new_knob_is_one_declaration(tmp_path, compile_cache):
     tmpl = root / "dequant.cu"
     store = "#if NF4T_STORE == NF4T_STORE_STREAMING"
     assert tmpl.read_text().count(store) == 3
-    tmpl.write_text(tmpl.read_text().replace(store, f"#if NF4T_STORE == NF4T_STORE_STREAMING || NF4T_SWIZZLE == 2"))
+    tmpl.write_text(tmpl.read_text().replace(store, "#if NF4T_STORE == NF4T_STORE_STREAMING || NF4T_SWIZZLE == 2"))
     fam = D.extended(knobs=[Knob("swizzle", (0, 1, 2), label="sw{}", help="test knob")],
                      constraints=[Constraint(("swizzle", "bytes_per_thread"),
                                              lambda swizzle, bytes_per_thread:
