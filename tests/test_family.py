@@ -276,7 +276,9 @@ def test_enum_values_are_named_constants_in_the_source_and_the_templates():
     value's name (never a number); and every NF4T_ macro a template reads that looks like a knob's is one."""
     c = D.preset("blog", dtype="bf16", quant="nf4")
     src = c.render()
-    assert "#define NF4T_LUT_SHARED 3\n" in src and "#define NF4T_LUT NF4T_LUT_SHARED\n" in src
+    assert "#define NF4T_LUT NF4T_LUT_SHARED\n" in src
+    names = dict(re.findall(r"#define (NF4T_LUT_[A-Z]+) (\d+)\n", src))
+    assert set(names) == {f"NF4T_LUT_{v.upper()}" for v in D.knob("lut").values} and len(set(names.values())) == 5
     assert D.macros(c)["NF4T_LUT"] == "NF4T_LUT_SHARED" and D.macros(c)["NF4T_BYTES_PER_THREAD"] == 4
     for fam in FAMILIES.values():
         enums = {k.macro: k for k in fam.knobs if k.enum}
@@ -458,7 +460,8 @@ def test_a_new_matmul_knob_touches_only_the_declaration_and_its_structure_file(t
     assert "apad" in d["knobs"] and {"knobs": ["mma", "apad"], "help": "apad wide: mma-rows only"} in d["constraints"]
     # rendering: named constants, the changed file for mma-rows, every other structure's old text
     assert fam.macros(wide)["NF4T_APAD"] == "NF4T_APAD_WIDE" and "+ 80u; }" in wide.render()
-    added = {"#define NF4T_APAD_NARROW 0", "#define NF4T_APAD_WIDE 1", "#define NF4T_APAD NF4T_APAD_NARROW"}
+    added = {f"#define {name} {code}" for name, code in fam.constants().items() if name.startswith("NF4T_APAD_")}
+    added |= {"#define NF4T_APAD NF4T_APAD_NARROW"}
     for other in (fam.config(m=1), fam.config(mma="mma-ks", load_bytes=8, rows_per_warp=32, mtile=8, warps=8,
                                               lut="pair", unroll=2, m=1)):
         lines = other.render().split("\n")
