@@ -423,7 +423,7 @@ __device__ __forceinline__ Scales make_scales(const u8* absmax_q, const float* c
     return s;
 }
 
-// The kernel's parameters, the same on every path (tuner/families/matmul.py: MatmulPlan.PARAM_KINDS)
+// The kernel's parameters, the same on every path (tuner/families/matmul/plan.py: MatmulPlan.PARAM_KINDS)
 #define NF4T_MATMUL_PARAMS                                                                                       \
     const act_t* __restrict__ A, const u8* __restrict__ B, const u8* __restrict__ absmax_q,                    \
         const float* __restrict__ code2, const float* __restrict__ absmax2, const float* __restrict__ absmax_f, \

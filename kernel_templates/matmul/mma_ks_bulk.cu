@@ -83,7 +83,7 @@ __device__ __forceinline__ u32 lds_u8(u32 a) {
     return v;
 }
 
-// The geometry of a stage (bytes; tuner/families/matmul.py computes the same to size the ring):
+// The geometry of a stage (bytes; tuner/families/matmul/resources.py computes the same to size the ring):
 // W rows at rowb, then the batch rows of A at arowb, then each W row's statistics at sb.
 struct BulkGeometry {
     u32 kc, rowb, arowb, sb, arows, stage;

@@ -99,7 +99,7 @@ __device__ __forceinline__ u32 rows_stat_offset(u32 q, u32 t) {
 // A's stage: byte offset of the 16-byte chunk holding slice offset kk (a multiple of 8) in a batch row.
 // Chunk c of run t of window v lies at ((v*CH + c)*4 + t)*16, so a quad's four runs of a chunk are 64
 // contiguous bytes; batch rows lie tc_a_pitch apart (64 mod 128), so a quarter warp's two quads hit
-// all 32 banks. tuner/families/matmul.py sizes the stage with the same pitch.
+// all 32 banks. tuner/families/matmul/resources.py sizes the stage with the same pitch.
 __device__ __forceinline__ u32 tc_a_slot(u32 kk) {
     const u32 v = kk / NF4T_WIN, r = kk % NF4T_WIN;
     return ((v * NF4T_CH + (r % NF4T_RUN) / 8u) * 4u + r / NF4T_RUN) * 16u;
@@ -389,7 +389,7 @@ __device__ __forceinline__ void rows_slice(RowsGroup& G, const u8* __restrict__ 
 // the units [c*T/P, (c+1)*T/P) of all T, so every CTA of the grid (as many as are resident at once) has
 // the same share, where a CTA per (row tile, K slice) leaves SMs idle when the tiles are not a multiple
 // of the resident CTAs (28672 rows of 256-row tiles: 112 CTAs on 132 SMs). The CTA holding unit u:
-// the largest c with c*T/P <= u (tuner/families/matmul.py: stream_k_runs computes the same; the plan
+// the largest c with c*T/P <= u (tuner/families/matmul/resources.py: stream_k_runs computes the same; the plan
 // keeps P <= T, so no CTA's run is empty and every CTA counted for a tile adds to it).
 __device__ __forceinline__ u32 stream_k_cta(u32 u, u32 units, u32 ctas) {
     return (u32)(((u64)(u + 1u) * ctas - 1u) / units);

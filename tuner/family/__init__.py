@@ -440,10 +440,7 @@ class Family:
     def groups(self) -> tuple:
         """Tunable knobs tied by constraints, as tuples in declaration order: each group is one
         search parameter. A knob in no constraint is a group of its own."""
-        tunable = self.tunable_knob_names()
-        return tuple(names for names, _ in _space.components(tunable, [
-            Constraint(tuple(k for k in c.knobs if k in tunable), c.check, c.text) for c in self.constraints
-            if any(k in tunable for k in c.knobs)]))
+        return tuple(names for names, _ in _space.components(self.tunable_knob_names(), self.constraints))
 
     def domains(self, experimental: bool = False, **restrict) -> dict:
         """Each knob's allowed values: those ``restrict`` names (any value, experimental ones too),
