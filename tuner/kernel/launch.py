@@ -11,6 +11,7 @@ or count, and what it cannot take is one exception, :class:`~nf4tune.vocabulary.
 from __future__ import annotations
 
 import hashlib
+import struct
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
@@ -189,10 +190,18 @@ class PackedLaunch:
                 u32[2 * slot] = v
             else:
                 self._vals[slot] = v
-        self._f32 = f32
         self._dynamic = tuple((slot, kinds[slot] == "f32") for slot in plan.DYNAMIC)
         self._ptrs = np.array([self._vals.ctypes.data + 8 * i for i in range(len(kinds))], dtype=np.uint64)
         self._params = int(self._ptrs.ctypes.data)
+        # the dynamic parameters are written by one struct.pack_into over the slots they span (a float slot
+        # takes its low 4 bytes: little endian); slots between them that are not dynamic keep their value
+        self._buffer = memoryview(self._vals).cast("B")
+        first, last = min(plan.DYNAMIC), max(plan.DYNAMIC)
+        if tuple(plan.DYNAMIC) != tuple(range(first, last + 1)):
+            raise ValueError(f"{type(plan).__name__}.DYNAMIC must be consecutive slots, not {plan.DYNAMIC}")
+        self._format = "<" + "".join("f4x" if is_float else "Q" for _, is_float in self._dynamic)
+        self._offset = 8 * first
+        self._pack = struct.pack_into
         self._function = kernel.function.handle      # a CUkernel: cuLaunchKernel takes it as it takes a CUfunction
         self._launch = driver.cuLaunchKernel
         self._ok = driver.CUresult.CUDA_SUCCESS
@@ -203,13 +212,8 @@ class PackedLaunch:
 
     def __call__(self, values, stream: int) -> None:
         """Launch with the dynamic parameters ``values`` (in the plan's DYNAMIC order) on ``stream``."""
-        v, f = self._vals, self._f32
         with self._lock:
-            for (slot, is_float), x in zip(self._dynamic, values):
-                if is_float:
-                    f[2 * slot] = x
-                else:
-                    v[slot] = x
+            self._pack(self._format, self._buffer, self._offset, *values)
             err = self._launch(self._function, *self._geometry, _cu_stream(stream), self._params, 0)[0]
         if err != self._ok:
             raise UnsupportedInput(f"launch of {self.kernel.config.short()} failed: {err!r}")
