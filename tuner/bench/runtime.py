@@ -238,3 +238,79 @@ def format_matmul_runtime(reports: Sequence[dict]) -> str:
     if reports:
         lines.append(f"read-only ceiling: {reports[0]['read_gbps']:.0f} GB/s (a 512 MiB reduction, same runs)")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- host time per call
+#: the matmul shapes of `bench --host`: three that the H100 and H200 tables hold, one that neither does
+HOST_SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (18944, 3584))
+
+
+def _host_us(fn, calls: int, rounds: int) -> tuple:
+    """Host microseconds per call of ``fn`` (median and spread over ``rounds`` of ``calls`` back to back, the GPU
+    synchronised between rounds; ``calls`` small enough that the launch queue never fills, so the GPU's own
+    time cannot enter)."""
+    import statistics
+    import time
+
+    import torch
+
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(per), max(per) - min(per)
+
+
+def host_matmul(shapes=HOST_SHAPES, batches=(1, 8), dtype: str = "bf16", calls: int = 200, rounds: int = 15) -> list:
+    """Host us per call at each shape and batch: bnb's ``matmul_4bit``, nf4-tune's ``matmul_4bit`` (the direct
+    API), bnb's ``matmul_4bit`` and a ``Linear4bit`` forward under ``patch_bitsandbytes()``, and the unpatched
+    ``Linear4bit`` forward; what serves each (the rule: exact, transfer or bnb)."""
+    import torch
+    import bitsandbytes as bnb
+
+    from ..serve import matmul as served
+    from ..serve.patch import patch_bitsandbytes
+
+    t = getattr(torch, TORCH_DTYPE[dtype])
+    rows = []
+    for (N, K) in shapes:
+        layer = bnb.nn.Linear4bit(K, N, bias=False, compute_dtype=t, quant_type="nf4").cuda()
+        qs = layer.weight.quant_state
+        for M in batches:
+            x = torch.randn(M, K, dtype=t, device="cuda")
+            W = layer.weight.t()
+            with torch.no_grad():
+                d = served.explain_matmul(x, qs)
+                cases = {"bnb matmul_4bit": lambda: bnb.matmul_4bit(x, W, qs),
+                         "bnb Linear4bit": lambda: layer(x),
+                         "nf4tune.matmul_4bit": lambda: served.matmul_4bit(x, W, qs)}
+                row = dict(shape=f"{N}x{K}", M=M, rule=d.rule, why=d.reason)
+                for name, fn in cases.items():
+                    row[name] = _host_us(fn, calls, rounds)
+                with patch_bitsandbytes():
+                    row["patched bnb matmul_4bit"] = _host_us(lambda: bnb.matmul_4bit(x, W, qs), calls, rounds)
+                    row["patched Linear4bit"] = _host_us(lambda: layer(x), calls, rounds)
+            rows.append(row)
+        del layer
+    return rows
+
+
+def format_host(rows: Sequence[dict], dequant: Optional[dict] = None) -> str:
+    names = ("bnb matmul_4bit", "nf4tune.matmul_4bit", "patched bnb matmul_4bit", "bnb Linear4bit",
+             "patched Linear4bit")
+    lines = ["host us per call (median over rounds of back-to-back calls; the GPU never the bound), "
+             "matmul, bf16 nf4 nested bs64",
+             f"{'shape':<11} {'M':>2} {'served':<8} " + " ".join(f"{n:>24}" for n in names)]
+    for r in rows:
+        lines.append(f"{r['shape']:<11} {r['M']:>2} {r['rule']:<8} "
+                     + " ".join(f"{r[n][0]:>17.2f} ±{r[n][1]:>5.2f}" for n in names))
+    if dequant:
+        lines.append("dequantize_4bit host us per call (256x256 bf16 nf4):")
+        lines += [f"  {name:<42} {us:>7.2f}" for name, us in dequant.items()]
+    return "\n".join(lines)

@@ -54,9 +54,21 @@ def add_parser(sub):
                    help="matmul family: tokens/s of a Llama-3-8B-shaped model (random weights) decoding with a static "
                         "KV cache under CUDA graphs, in bf16, with bnb's 4-bit kernels, patched, and with every 4-bit "
                         "linear free (no kernel: the most any 4-bit matmul can speed the decode up); not stored")
+    p.add_argument("--generate", action="store_true",
+                   help="Hugging Face generate as bnb users run it: the model of --model (a config.json; default "
+                        "Llama-3-8B's shape, random weights) in bf16, with bnb's kernels and patched, each eager "
+                        "(greedy, dynamic cache) and as a CUDA-graph step (with the every-Linear4bit-free bound); "
+                        "tokens/s, interleaved rounds, the first discarded, the spread shown; not stored")
+    p.add_argument("--rounds", type=positive_int, default=3,
+                   help="with --generate: rounds kept after the discarded first one (default 3)")
+    p.add_argument("--host", action="store_true",
+                   help="host microseconds per call of bnb's matmul_4bit and Linear4bit, nf4tune.matmul_4bit and both "
+                        "bnb calls under patch_bitsandbytes(), at M = 1 and 8 (or --m), on three tuned shapes and one "
+                        "that nobody tuned (or --shape), and of the dequantize_4bit runtime; not stored")
     p.add_argument("--batch", action="append", type=positive_int, default=None,
-                   help="with --decode: batch sizes (default 1 and 8)")
-    p.add_argument("--layers", type=positive_int, default=32, help="with --decode: decoder layers (default 32)")
+                   help="with --decode / --generate: batch sizes (default 1 and 8)")
+    p.add_argument("--layers", type=positive_int, default=None,
+                   help="with --decode / --generate: decoder layers (default 32, or the --model config's)")
     p.add_argument("--exhaustive", action="store_true",
                    help="screen every config of the space for each --shape, then measure the fastest --finalists "
                         "(and the --compare-db best) with the full harness; not stored")
@@ -107,11 +119,17 @@ def candidates_from_args(args, family, problem_values: dict, problem=None) -> li
 
 
 def run(args) -> int:
-    if sum(map(bool, (args.runtime, args.exhaustive, args.decode, args.fallback_vs))) > 1:
-        raise UserError("--runtime, --exhaustive, --decode and --fallback-vs are separate modes: give one")
+    modes = (args.runtime, args.exhaustive, args.decode, args.fallback_vs, args.generate, args.host)
+    if sum(map(bool, modes)) > 1:
+        raise UserError("--runtime, --exhaustive, --decode, --generate, --host and --fallback-vs are separate modes: "
+                        "give one")
     output_file(args.output)
     if args.decode:
         return _decode(args)
+    if args.generate:
+        return _generate(args)
+    if args.host:
+        return _host(args)
     if args.runtime:
         return _runtime(args)
     if not args.shape and not args.model:
@@ -178,11 +196,50 @@ def _decode(args) -> int:
         raise UserError("--decode measures the matmul family: add --family matmul")
     _use_table(args)
     require_gpu()
-    result = decode_benchmark(batches=tuple(args.batch or (1, 8)), layers=args.layers,
+    result = decode_benchmark(batches=tuple(args.batch or (1, 8)), layers=args.layers or 32,
                               progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(format_decode(result), flush=True)
     if args.output:
         write_json(args.output, result)
+    return 0
+
+
+def _generate(args) -> int:
+    from ..bench.generate import format_generate, generate_benchmark, load_model_config
+
+    if len(args.model) > 1:
+        raise UserError("--generate takes one --model")
+    try:
+        load_model_config(args.model[0] if args.model else None)
+    except ValueError as e:
+        raise UserError(f"--model: {e}") from None
+    _use_table(args)
+    require_gpu()
+    result = generate_benchmark(args.model[0] if args.model else None, layers=args.layers,
+                                batches=tuple(args.batch or (1, 8)), rounds=args.rounds,
+                                progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(format_generate(result), flush=True)
+    if args.output:
+        write_json(args.output, result)
+    return 0
+
+
+def _host(args) -> int:
+    from ..bench.runtime import HOST_SHAPES, format_host, host_matmul, host_overhead
+
+    shapes = [tuple(s) for s in args.shape] if args.shape else list(HOST_SHAPES)
+    if any(len(s) != 2 for s in shapes):
+        raise UserError("--host: each --shape is N x K")
+    batches = tuple(args.m) if getattr(args, "m", None) else (1, 8)
+    _use_table(args)
+    require_gpu()
+    print("host time per call: matmul ...", file=sys.stderr, flush=True)
+    rows = host_matmul(shapes, batches, dtype=args.dtype)
+    print("host time per call: dequantize_4bit ...", file=sys.stderr, flush=True)
+    deq = host_overhead(dtype=args.dtype)
+    print(format_host(rows, deq), flush=True)
+    if args.output:
+        write_json(args.output, dict(matmul=rows, dequant=deq))
     return 0
 
 
