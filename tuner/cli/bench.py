@@ -61,6 +61,13 @@ def add_parser(sub):
                         "tokens/s, interleaved rounds, the first discarded, the spread shown; not stored")
     p.add_argument("--rounds", type=positive_int, default=3,
                    help="with --generate: rounds kept after the discarded first one (default 3)")
+    p.add_argument("--search-quality", action="store_true",
+                   help="for each problem (--shape/--model x --m): a --trials and a --reference-trials search, each "
+                        "from a fresh database (as a user starts: warm-started from the tables), and how far the "
+                        "short one's best is from the long one's (target: within 5%%); not stored")
+    p.add_argument("--trials", type=positive_int, default=30, help="with --search-quality: the short search (default 30)")
+    p.add_argument("--reference-trials", type=positive_int, default=300,
+                   help="with --search-quality: the long search (default 300)")
     p.add_argument("--host", action="store_true",
                    help="host microseconds per call of bnb's matmul_4bit and Linear4bit, nf4tune.matmul_4bit and both "
                         "bnb calls under patch_bitsandbytes(), at M = 1 and 8 (or --m), on three tuned shapes and one "
@@ -119,10 +126,11 @@ def candidates_from_args(args, family, problem_values: dict, problem=None) -> li
 
 
 def run(args) -> int:
-    modes = (args.runtime, args.exhaustive, args.decode, args.fallback_vs, args.generate, args.host)
+    modes = (args.runtime, args.exhaustive, args.decode, args.fallback_vs, args.generate, args.host,
+             args.search_quality)
     if sum(map(bool, modes)) > 1:
-        raise UserError("--runtime, --exhaustive, --decode, --generate, --host and --fallback-vs are separate modes: "
-                        "give one")
+        raise UserError("--runtime, --exhaustive, --decode, --generate, --host, --search-quality and --fallback-vs are "
+                        "separate modes: give one")
     output_file(args.output)
     if args.decode:
         return _decode(args)
@@ -137,6 +145,8 @@ def run(args) -> int:
                         "benchmark)")
     if args.exhaustive:
         return _exhaustive(args)
+    if args.search_quality:
+        return _search_quality(args)
     if args.fallback_vs:
         return _fallback(args)
     problems = problems_from_args(args)
@@ -221,6 +231,21 @@ def _generate(args) -> int:
     print(format_generate(result), flush=True)
     if args.output:
         write_json(args.output, result)
+    return 0
+
+
+def _search_quality(args) -> int:
+    from ..tune.quality import format_quality, search_quality
+
+    if args.trials >= args.reference_trials:
+        raise UserError(f"--trials {args.trials} must be fewer than --reference-trials {args.reference_trials}")
+    problems = problems_from_args(args)
+    gpu = require_gpu()
+    rows = search_quality(problems, gpu=gpu, short=args.trials, long=args.reference_trials,
+                          seed=args.seed if args.seed is not None else 0)
+    print(format_quality(rows), flush=True)
+    if args.output:
+        write_json(args.output, [r.to_dict() for r in rows])
     return 0
 
 
