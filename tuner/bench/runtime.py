@@ -108,12 +108,13 @@ def host_overhead(shape=(256, 256), dtype: str = "bf16", calls: int = 3000, roun
               float(qs.offset), out.data_ptr())
     core = bind(load_kernel(served.choice.config), inputs, out)
     cases = {
-        "bare launch (packed cuLaunchKernel)": lambda: packed(values, stream),
+        f"bare launch (packed cuLaunchKernel through {packed.via})": lambda: packed(values, stream),
         "cuda.core launch of the same variant": core,
         "runtime dequantize_4bit(A, qs, out=out)": lambda: runtime.dequantize_4bit(A, qs, out=out),
         "runtime dequantize_4bit(A, qs)": lambda: runtime.dequantize_4bit(A, qs),
         "bnb dequantize_4bit(A, qs, out=out)": lambda: F.dequantize_4bit(A, qs, out=out),
         "torch.empty of the output alone (reference)": lambda: torch.empty(qs.shape, dtype=qs.dtype, device="cuda"),
+        "out.new_empty of the output alone (reference)": lambda: out.new_empty(qs.shape),
     }
     result = {}
     for name, fn in cases.items():
@@ -170,7 +171,7 @@ def format_runtime(reports: Sequence[RuntimeReport], overhead: Optional[dict] = 
         lines.append(f"{label:<26} {r.runtime_us:>10.2f} {r.runtime_iqr_us:>6.2f} {r.bnb_us:>9.2f} "
                      f"{r.bnb_iqr_us:>6.2f} {r.gbps:>6.0f} {r.pct_copy:>6.1f} {r.speedup_vs_bnb:>6.2f}  {r.choice}")
     if overhead:
-        bare = overhead.get("bare launch (packed cuLaunchKernel)")
+        bare = next((us for name, us in overhead.items() if name.startswith("bare launch")), None)
         lines.append("host time per call (us):")
         for name, us in overhead.items():
             extra = f"  (+{us - bare:.2f} over the bare launch)" if bare is not None and name.startswith("runtime") else ""

@@ -301,7 +301,7 @@ def _launch(s: _Served, w: _Weight, A, B, out, bias):
     else:
         bias_ptr = 0
     if out is None:
-        out = _torch_empty((*A.shape[:-1], s.N), dtype=A.dtype, device=A.device)
+        out = A.new_empty((*A.shape[:-1], s.N))          # A's dtype and device: fewer arguments to parse
     elif out.dtype != A.dtype or out.numel() != A.numel() // s.plan.K * s.N or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {A.dtype} tensor of shape {(*A.shape[:-1], s.N)}, got "
                          f"{out.dtype} {tuple(out.shape)}")
@@ -409,14 +409,6 @@ def _deterministic():
 
     _deterministic = torch.are_deterministic_algorithms_enabled
     return _deterministic()
-
-
-def _torch_empty(*args, **kw):
-    global _torch_empty
-    import torch
-
-    _torch_empty = torch.empty
-    return torch.empty(*args, **kw)
 
 
 def _raw_stream(idx):
