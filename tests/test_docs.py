@@ -420,7 +420,7 @@ def test_the_readme_is_at_most_25_kb():
 def test_docs_name_facts_not_sessions_and_stay_short(doc):
     text = doc.read_text()
     hits = [line for line in text.splitlines() if re.search(r"session [0-9]", line, re.I)]
-    assert not hits, f"{doc.name} speaks of development sessions (say the GPU, NVRTC version and date): {hits[:3]}"
+    assert not hits, f"{doc.relative_to(ROOT)} speaks of development sessions (say the GPU, NVRTC version and date): {hits[:3]}"
     assert len(text.splitlines()) <= 1000
 
 
