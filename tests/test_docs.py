@@ -86,19 +86,17 @@ def gpu_visible() -> bool:
 
 
 def shell_env(tmp_path: Path, **extra) -> dict:
-    """The environment of a block: this Python's scripts first on PATH (``python3`` and ``nf4-tune``
-    of the install under test), git isolated from the user's configuration, a fixed identity."""
+    """The environment of a block: the test's shims, then this Python's folder first on PATH
+    (``python3`` and ``nf4-tune`` of the install under test), git isolated from the user's
+    configuration, a fixed identity."""
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
     env = dict(os.environ)
     for key in list(env):
         if key.startswith(("GIT_", "NF4TUNE_")) and key != "NF4TUNE_CACHE":
             del env[key]
-    bindir = tmp_path / "bin"
+    bindir = tmp_path / "bin"          # the test's shims (sudo), if any
     bindir.mkdir(exist_ok=True)
-    py = bindir / "python3"
-    if not py.exists():
-        py.symlink_to(sys.executable)
     env.update(HOME=str(home), GIT_CONFIG_NOSYSTEM="1", GIT_AUTHOR_NAME="docs test",
                GIT_AUTHOR_EMAIL="docs@example.invalid", GIT_COMMITTER_NAME="docs test",
                GIT_COMMITTER_EMAIL="docs@example.invalid",
