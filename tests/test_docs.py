@@ -89,15 +89,15 @@ def shell_env(tmp_path: Path, **extra) -> dict:
     """The environment of a block: the test's shims, then this Python's folder first on PATH
     (``python3`` and ``nf4-tune`` of the install under test), git isolated from the user's
     configuration, a fixed identity."""
-    home = tmp_path / "home"
-    home.mkdir(exist_ok=True)
+    gitconfig = tmp_path / "gitconfig"
+    gitconfig.touch()
     env = dict(os.environ)
     for key in list(env):
         if key.startswith(("GIT_", "NF4TUNE_")) and key != "NF4TUNE_CACHE":
             del env[key]
     bindir = tmp_path / "bin"          # the test's shims (sudo), if any
     bindir.mkdir(exist_ok=True)
-    env.update(HOME=str(home), GIT_CONFIG_NOSYSTEM="1", GIT_AUTHOR_NAME="docs test",
+    env.update(GIT_CONFIG_GLOBAL=str(gitconfig), GIT_CONFIG_NOSYSTEM="1", GIT_AUTHOR_NAME="docs test",
                GIT_AUTHOR_EMAIL="docs@example.invalid", GIT_COMMITTER_NAME="docs test",
                GIT_COMMITTER_EMAIL="docs@example.invalid",
                PATH=os.pathsep.join([str(bindir), os.path.dirname(sys.executable), env.get("PATH", "")]))
