@@ -19,10 +19,11 @@ the documented exit 2 there, and is skipped where a GPU is visible.
   data-branch steps of ``.github/workflows/nightly.yml`` read from the workflow file itself.
 - The fleet blocks run against the PostgreSQL server of ``NF4TUNE_TEST_POSTGRES_URL`` (``.ci/run``
   starts one with ``.ci/postgres.sh``); skipped without it.
-- Every relative link of README.md, docs/*.md, ci/README.md and examples/models/README.md names a file of the repository (and a heading,
-  where it names an anchor); README.md is at most 25 KB; no doc speaks of development sessions or
-  passes 1,000 lines; every ``nf4-tune`` command the docs show names a subcommand and options the
-  command line has.
+- Every relative link of README.md, docs/*.md, ci/README.md and examples/models/README.md names a
+  file of the repository (and a heading, where it names an anchor); README.md is at most 25 KB; no
+  doc speaks of development sessions or passes 1,000 lines; every ``nf4-tune`` command the docs show
+  names a subcommand and options the command line has (options that work in flight adds are listed
+  in ``PENDING`` until they land).
 """
 
 from __future__ import annotations
