@@ -224,7 +224,8 @@ def test_the_nightly_set_up_against_a_bare_remote(tmp_path):
     ws0 = tmp_path / "ws0"
     checkout(bare, ws0, env)
     values = {"github.workspace": str(ws0)}
-    r = run_bash(expand(scripts["fetch"], values), ws0, dict(env, **{k: expand(str(v), values) for k, v in wf_env.items()}))
+    step_env = dict(env, **{k: expand(str(v), values) for k, v in wf_env.items()})
+    r = run_bash(expand(scripts["fetch"], values), ws0, step_env)
     assert r.returncode == 2 and "seed it" in r.stdout, (r.returncode, r.stdout, r.stderr)
 
     # a search database at the repository root (the H200 nightly fixture), and a write-ahead log
@@ -419,7 +420,8 @@ def test_the_readme_is_at_most_25_kb():
 def test_docs_name_facts_not_sessions_and_stay_short(doc):
     text = doc.read_text()
     hits = [line for line in text.splitlines() if re.search(r"session [0-9]", line, re.I)]
-    assert not hits, f"{doc.relative_to(ROOT)} speaks of development sessions (say the GPU, NVRTC version and date): {hits[:3]}"
+    assert not hits, (f"{doc.relative_to(ROOT)} speaks of development sessions (say the GPU, NVRTC version and "
+                      f"date): {hits[:3]}")
     assert len(text.splitlines()) <= 1000
 
 
