@@ -5,8 +5,8 @@ import pytest
 
 
 #: set to 1 to run the tests marked ``slow``: every distinct source of each family's space compiled
-#: (about 140 minutes on 2 cores since achunk of session 25). The weekly whole-space workflow sets it; the default run compiles
-#: covering samples of the same spaces instead (every 3 source-knob values together).
+#: (the weekly whole-space workflow sets it); the default run compiles covering samples of the same spaces instead
+#: (every 3 source-knob values together).
 WHOLE_SPACE = os.environ.get("NF4TUNE_WHOLE_SPACE") == "1"
 
 
