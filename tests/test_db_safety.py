@@ -662,3 +662,60 @@ def test_csv_downloads_defuse_formulas_and_json_stays_exact(tmp_path, capsys):
     history = json.loads((out / "history.json").read_text())["rows"]
     assert {r["label"] for r in history} >= {"=1+1", "+cmd", "-2+3", "@x", "\tx", "\rx"}      # exact
     assert {r["gpu"] for r in history} == {"=HYPERLINK(\"http://x\")"}
+
+
+# -------------------------------------------------------------------------- the nightly data branch
+def test_nightly_keep_seeds_and_extends_the_data_branch_from_the_repository_root(tmp_path, capsys):
+    """`ci/nightly.sh --keep DB` (the set-up's seed and the workflow's nightly commit) from the
+    repository root with ./nf4tune.db, and from a subfolder: the committed rows in the log are in
+    the kept file, the work tree, index and branch are untouched, each night is one commit."""
+    script = Path(__file__).resolve().parent.parent / "ci" / "nightly.sh"
+    env = dict(os.environ, NF4TUNE_CMD=f"{sys.executable} -m nf4tune.cli", GIT_AUTHOR_NAME="t",
+               GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    env.pop("NF4TUNE_DB", None)
+
+    def git(*args, cwd):
+        return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
+
+    remote, repo = tmp_path / "remote.git", tmp_path / "repo"
+    git("init", "-q", "--bare", str(remote), cwd=tmp_path)
+    repo.mkdir()
+    git("init", "-q", "-b", "main", cwd=repo)
+    (repo / ".gitignore").write_text("/nf4tune.db*\n")
+    (repo / "sub").mkdir()
+    (repo / "sub" / "f.txt").write_text("x")
+    git("add", ".", cwd=repo)
+    git("commit", "-q", "-m", "main", cwd=repo)
+    git("remote", "add", "origin", str(remote), cwd=repo)
+    db = repo / "nf4tune.db"
+    db.write_bytes(_db(tmp_path).read_bytes())
+    rc, committed, _ = _best(db, capsys)
+    writer = Other(EXCLUSIVE_WAL_WRITER, db)         # a commit that lies in nf4tune.db-wal only
+    writer.kill()
+    writer.close()
+    assert os.path.getsize(str(db) + "-wal") > 0
+    status = git("status", "--porcelain", "--ignored", cwd=repo)
+    r = subprocess.run(["bash", str(script), "--keep", "nf4tune.db", "seed"], cwd=repo, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "kept nf4tune.db as nf4tune.db on origin nightly-data" in r.stdout
+    assert git("rev-parse", "--abbrev-ref", "HEAD", cwd=repo).strip() == "main"
+    def listed(text):
+        return {ln for ln in text.splitlines() if "nf4tune.db-" not in ln}      # db recover folded the log in
+
+    assert listed(git("status", "--porcelain", "--ignored", cwd=repo)) == listed(status)
+    assert not (repo / "nf4tune.db-wal").exists() and git("stash", "list", cwd=repo) == ""
+    kept = tmp_path / "kept.db"
+    kept.write_bytes(subprocess.run(["git", "--git-dir", str(remote), "show", "nightly-data:nf4tune.db"],
+                                    capture_output=True, check=True).stdout)
+    rc, got, err = _best(kept, capsys)
+    assert rc == 0 and got["median_us"] == pytest.approx(committed["median_us"] / 2), err
+    # the next night, from a subfolder: one more commit on top
+    r = subprocess.run(["bash", str(script), "--keep", "../nf4tune.db", "night 2"], cwd=repo / "sub", env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = git("--git-dir", str(remote), "log", "--format=%s", "nightly-data", cwd=tmp_path).split("\n")
+    assert log[:2] == ["night 2", "seed"]
+    r = subprocess.run(["bash", str(script), "--keep", "missing.db"], cwd=repo, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "no database file at missing.db" in r.stderr
