@@ -193,21 +193,39 @@ class Database:
                                                   skip_compatibility_check=True,
                                                   engine_kwargs={"creator": lambda: conn, "poolclass": StaticPool})
             return optuna.storages.RDBStorage(self.url, skip_table_creation=True, skip_compatibility_check=True)
-        return optuna.storages.RDBStorage(self.url, engine_kwargs=engine_kwargs(self.url))
+        storage = optuna.storages.RDBStorage(self.url, engine_kwargs=engine_kwargs(self.url))
+        bound_lock_waits(storage.engine)
+        return storage
 
     def dispose(self):
         self.engine.dispose()
 
 
 def engine_kwargs(url: str) -> dict:
-    """Engine arguments for another engine on ``url`` (optuna's storage) that waits for locks as
-    :func:`make_engine`'s does."""
-    timeout = lock_timeout()
+    """Engine arguments for another engine on ``url`` (optuna's storage) that waits for SQLite's
+    locks as :func:`make_engine`'s does (for PostgreSQL see :func:`bound_lock_waits`)."""
     if url.startswith("sqlite"):
-        return {"connect_args": {"timeout": timeout}}
-    if url.startswith("postgresql"):
-        return {"pool_pre_ping": True, "connect_args": {"options": f"-c lock_timeout={int(timeout * 1000)}"}}
+        return {"connect_args": {"timeout": lock_timeout()}}
     return {"pool_pre_ping": True}
+
+
+def bound_lock_waits(engine: Engine) -> Engine:
+    """PostgreSQL: every new connection of ``engine`` waits for another session's lock up to
+    :func:`lock_timeout` (``SET lock_timeout``, committed; no startup option, which a pooler may
+    refuse); connections already pooled are let go. Other databases: unchanged."""
+    if not engine.url.drivername.startswith("postgresql"):
+        return engine
+    ms = max(1, int(lock_timeout() * 1000))
+
+    @event.listens_for(engine, "connect")
+    def _pg_lock_timeout(dbapi_conn, _record):
+        cur = dbapi_conn.cursor()
+        cur.execute(f"SET lock_timeout = {ms}")
+        cur.close()
+        dbapi_conn.commit()
+
+    engine.dispose()
+    return engine
 
 
 def make_engine(url: str) -> Engine:
@@ -217,9 +235,7 @@ def make_engine(url: str) -> Engine:
     timeout = lock_timeout()
     if url.startswith("sqlite"):
         kwargs["connect_args"] = {"timeout": timeout}
-    elif url.startswith("postgresql"):
-        kwargs["connect_args"] = {"options": f"-c lock_timeout={int(timeout * 1000)}"}
-    engine = create_engine(url, future=True, **kwargs)
+    engine = bound_lock_waits(create_engine(url, future=True, **kwargs))
     if url.startswith("sqlite"):
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):
@@ -447,6 +463,8 @@ def _wait_for_server_tables(engine: Engine, what: str, timeout: float, note, wri
             if _pg_lock_code(e):
                 raise _Busy() from None
             raise
+        except SQLAlchemyError:
+            pass        # no privilege to lock a table (a read-only role): the statements wait on their own
 
     _wait_for(take, what, timeout, note)
 

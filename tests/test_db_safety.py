@@ -474,6 +474,29 @@ def test_search_and_regress_beside_a_lock_wait_then_exit_2(db_url, tmp_path, cap
     repo.db.dispose()
 
 
+def test_a_lock_taken_in_the_middle_of_the_work_is_bounded_and_one_line(db_url, tmp_path, capsys, monkeypatch):
+    """The lock comes after the start-up wait (here: that wait is skipped): the statement that meets
+    it waits up to --lock-timeout (SQLite's busy timeout, PostgreSQL's lock_timeout), then exit 2."""
+    from nf4tune.cli import search
+    from nf4tune.db import _engine
+
+    _fake_gpu(monkeypatch, search)
+    monkeypatch.setattr(_engine, "_wait_for_sqlite_write", lambda *a, **k: False)
+    monkeypatch.setattr(_engine, "_wait_for_server_tables", lambda *a, **k: None)
+    Repository(connect(db_url)).db.dispose()
+    holder = _hold_write_lock(db_url, tmp_path)
+    try:
+        t0 = time.monotonic()
+        assert cli.main(["search", "--shape", "4096x4096", "--trials", "1", "--db", db_url,
+                         "--lock-timeout", "1"]) == 2
+        err = capsys.readouterr().err
+        assert time.monotonic() - t0 < 15
+        assert _one_line(err) == (f"nf4-tune: cannot run: database {_engine._shown(db_url)} is locked by another "
+                                  "process (waited 1 s)")
+    finally:
+        holder.close()
+
+
 def test_a_writer_waits_for_a_lock_that_is_let_go_in_time(tmp_path):
     url = f"sqlite:///{tmp_path / 'w.db'}"
     Repository(connect(url)).db.dispose()

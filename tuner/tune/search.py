@@ -122,7 +122,7 @@ def _storage(url: str, attempts: int = 8):
     import optuna
     from sqlalchemy.exc import SQLAlchemyError
 
-    from nf4tune.db._engine import engine_kwargs, is_lock_error
+    from nf4tune.db._engine import bound_lock_waits, engine_kwargs, is_lock_error
 
     kwargs = engine_kwargs(url)         # waits for another process's lock as long as the repository's engine
     beat, grace = heartbeat_settings()
@@ -139,6 +139,7 @@ def _storage(url: str, attempts: int = 8):
             time.sleep(0.2 * (i + 1))
     if url.startswith("sqlite"):
         _serialize_sqlite_transactions(storage.engine)
+    bound_lock_waits(storage.engine)
     return storage
 
 
