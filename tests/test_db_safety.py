@@ -21,7 +21,7 @@ import pytest
 from nf4tune import cli
 from nf4tune.db import Repository, connect
 
-from conftest import example_db, fresh_database_url
+from conftest import example_db
 
 SHAPE = "16384x16384"
 
@@ -612,9 +612,9 @@ def test_a_search_killed_at_random_points_while_writing_loses_nothing(db_url, tm
         p.start()
         if point % 2:       # among the trials: asking, storing the measurement, telling, beating
             _wait_for(lambda: log.read_text().strip() or not p.is_alive(), 20)
-            time.sleep(rng.uniform(0.0, 0.3))
+            time.sleep(rng.uniform(0.0, 0.25))
         else:               # anywhere from the start: opening, upgrading, making or loading the study
-            time.sleep(rng.uniform(0.05, 0.9))
+            time.sleep(rng.uniform(0.05, 0.7))
         os.kill(p.pid, signal.SIGKILL)
         p.join(10)
         assert p.exitcode == -signal.SIGKILL, p.exitcode
