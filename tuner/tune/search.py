@@ -122,7 +122,9 @@ def _storage(url: str, attempts: int = 8):
     import optuna
     from sqlalchemy.exc import SQLAlchemyError
 
-    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    from nf4tune.db._engine import bound_lock_waits, engine_kwargs, is_lock_error
+
+    kwargs = engine_kwargs(url)         # waits for another process's lock as long as the repository's engine
     beat, grace = heartbeat_settings()
     for i in range(attempts):
         try:
@@ -131,12 +133,13 @@ def _storage(url: str, attempts: int = 8):
                 storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=beat,
                                                      grace_period=grace)
             break
-        except (SQLAlchemyError, RuntimeError):
-            if i == attempts - 1:
+        except (SQLAlchemyError, RuntimeError) as e:
+            if i == attempts - 1 or is_lock_error(e):      # a lock already waited for up to the lock timeout
                 raise
             time.sleep(0.2 * (i + 1))
     if url.startswith("sqlite"):
         _serialize_sqlite_transactions(storage.engine)
+    bound_lock_waits(storage.engine)
     return storage
 
 
