@@ -198,6 +198,10 @@ def night(bare: Path, ws: Path, env: dict, rc: str, wf_env: dict, scripts: dict)
     con.execute(f"PRAGMA user_version = {version + 1}")
     con.commit()
     con.close()
+    # the workflow's Install step made .venv with nf4-tune in it: here, this test's Python
+    activate = ws / ".venv" / "bin" / "activate"
+    activate.parent.mkdir(parents=True, exist_ok=True)
+    activate.write_text(f'export NF4TUNE_CMD="{sys.executable} -m nf4tune.cli" NF4TUNE_PYTHON="{sys.executable}"\n')
     ok(run_bash(expand(scripts["keep"], values), ws, step_env), "the workflow's keep step")
     return db
 
