@@ -298,7 +298,6 @@ def host_matmul(shapes=HOST_SHAPES, batches=(1, 8), dtype: str = "bf16", calls: 
                     row["patched bnb matmul_4bit"] = _host_us(lambda: bnb.matmul_4bit(x, W, qs), calls, rounds)
                     row["patched Linear4bit"] = _host_us(lambda: layer(x), calls, rounds)
             rows.append(row)
-        del layer
     return rows
 
 

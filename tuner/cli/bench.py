@@ -78,7 +78,8 @@ def add_parser(sub):
                    help="with --decode / --generate: decoder layers (default 32, or the --model config's)")
     p.add_argument("--exhaustive", action="store_true",
                    help="screen every config of the space for each --shape, then measure the fastest --finalists "
-                        "(and the --compare-db best) with the full harness; not stored")
+                        "(and the --compare-db best) with the full harness; the finalists' measurements are stored "
+                        "(--db; not with --no-db), so that `nf4-tune export` makes the serving table of them")
     p.add_argument("--finalists", type=positive_int, default=12, help="with --exhaustive: configs re-measured in full (beside any --config, measured too)")
     p.add_argument("--compare-db", default=None, metavar="URL",
                    help="with --exhaustive: also measure the best config stored here (a search's) and report its time "
@@ -369,9 +370,6 @@ def _precompile(configs, arch) -> None:
 
 
 def _exhaustive(args) -> int:
-    from ..measure.bench import format_report
-    from ..tune.exhaustive import exhaustive_best
-
     problems = problems_from_args(args)
     family = get_family(args.family)
     restrict = _space_restriction(family, args.sweep)
@@ -385,7 +383,25 @@ def _exhaustive(args) -> int:
         spaces[prob] = space
     repo = open_repo(args.compare_db, read_only=True) if args.compare_db else None
     gpu = require_gpu()
+    store = None if args.no_db else open_repo(args.db, read_only=False)
     _precompile([c for prob in problems for c in spaces[prob] + given[prob]], gpu.arch)
+    if store is None:
+        return _exhaustive_screens(args, problems, family, spaces, given, repo, gpu, None)
+    from ..measure.record import recorded_run
+
+    with recorded_run("screen", None, gpu, command=command_line(), repo=store) as rec:
+        code = _exhaustive_screens(args, problems, family, spaces, given, repo, gpu, rec)
+    print(f"the finalists' measurements are stored as run {rec.run.id} in {store.url} (nf4-tune export makes the "
+          "serving table of them)", file=sys.stderr)
+    return code
+
+
+def _exhaustive_screens(args, problems, family, spaces, given, repo, gpu, recorded) -> int:
+    """Each problem's screen and final stage; the final stage's full-harness measurements are stored under
+    ``recorded`` (None: not stored)."""
+    from ..measure.bench import format_report
+    from ..tune.exhaustive import exhaustive_best
+
     out = []
     for i, prob in enumerate(problems):
         compare = [("given: " + c.short(), c) for c in given[prob]]
@@ -408,6 +424,8 @@ def _exhaustive(args) -> int:
         for label in rep.compared:
             r = rep.ratio(label)
             print(f"{label}: " + (f"{r:.4f}x the exhaustive best's time ({100 * (r - 1):+.2f}%)" if r else "invalid"))
+        if recorded is not None and rep.final is not None:
+            recorded.store(rep.final)
         out.append(rep.to_dict())
     if args.output:
         write_json(args.output, out)

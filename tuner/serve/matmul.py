@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass
 from typing import Optional
 
-from ..families.matmul import MATMUL, MatmulPlan, check_matmul_inputs, stat_args
+from ..families.matmul import MatmulPlan, check_matmul_inputs, stat_args
 from ..vocabulary import M_BUCKETS, InvalidConfig, Problem, UnsupportedInput, m_bucket
 from . import runtime as _runtime
 from . import table as _table
