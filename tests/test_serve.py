@@ -230,3 +230,19 @@ def test_the_patch_swaps_the_eager_entry_points_and_puts_them_back():
         got = layer(x)                               # CPU: bnb's own path, unchanged
         assert torch.equal(got, want)
     assert (bnb.matmul_4bit, bnb.nn.Linear4bit.forward) == before
+
+
+def test_the_matmul_runtime_table_prints_the_floor_and_the_share_of_it():
+    from nf4tune.bench.runtime import REF_MATMUL_RUNTIME, REF_SAME_READ, format_matmul_runtime
+    from nf4tune.families.matmul import REF_BNB_MATMUL, REF_DENSE
+
+    def row(us):
+        return dict(us=us, iqr_us=0.1, gbps=1000.0, pct_read=50.0, pct_floor=100.0 * 9.0 / us, x_bnb=20.0 / us)
+
+    rep = dict(label="matmul 8192x8192 bf16 nf4 bs64 m1", served=True, rule="transfer", config="cfg", reason="",
+               floor=REF_SAME_READ, floor_us=9.0, read_gbps=3000.0,
+               rows={REF_MATMUL_RUNTIME: row(10.0), REF_BNB_MATMUL: row(20.0), REF_DENSE: row(30.0)})
+    text = format_matmul_runtime([rep])
+    line = text.splitlines()[1].split()
+    assert line[6:12] == ["transfer", "10.00", "1000", "9.00", "90.0", "2.00"]
+    assert "floor: the faster of a read of the same bytes" in text
