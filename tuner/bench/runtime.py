@@ -301,12 +301,14 @@ def host_matmul(shapes=HOST_SHAPES, batches=(1, 8), dtype: str = "bf16", calls: 
     from ..serve import matmul as served
     from ..serve.patch import patch_bitsandbytes
 
-    t = getattr(torch, TORCH_DTYPE[dtype])
     rows = []
-    for (N, K) in shapes:
+    # the last row: a call the fused kernel declines (fp32 activations: no table holds them), so that the
+    # patched columns against bnb's are the cost of the hand-off
+    for (N, K), t, ms in [(shape, getattr(torch, TORCH_DTYPE[dtype]), batches) for shape in shapes] + \
+            [((4096, 4096), torch.float32, (1,))]:
         layer = bnb.nn.Linear4bit(K, N, bias=False, compute_dtype=t, quant_type="nf4").cuda()
         qs = layer.weight.quant_state
-        for M in batches:
+        for M in ms:
             x = torch.randn(M, K, dtype=t, device="cuda")
             W = layer.weight.t()
             with torch.no_grad():
@@ -314,7 +316,7 @@ def host_matmul(shapes=HOST_SHAPES, batches=(1, 8), dtype: str = "bf16", calls: 
                 cases = {"bnb matmul_4bit": lambda: bnb.matmul_4bit(x, W, qs),
                          "bnb Linear4bit": lambda: layer(x),
                          "nf4tune.matmul_4bit": lambda: served.matmul_4bit(x, W, qs)}
-                row = dict(shape=f"{N}x{K}", M=M, rule=d.rule, why=d.reason)
+                row = dict(shape=f"{N}x{K}", M=M, dtype=str(t).replace("torch.", ""), rule=d.rule, why=d.reason)
                 for name, fn in cases.items():
                     row[name] = _host_us(fn, calls, rounds)
                 with patch_bitsandbytes():
@@ -328,11 +330,16 @@ def format_host(rows: Sequence[dict], dequant: Optional[dict] = None) -> str:
     names = ("bnb matmul_4bit", "nf4tune.matmul_4bit", "patched bnb matmul_4bit", "bnb Linear4bit",
              "patched Linear4bit")
     lines = ["host us per call (median over rounds of back-to-back calls; the GPU never the bound), "
-             "matmul, bf16 nf4 nested bs64",
-             f"{'shape':<11} {'M':>2} {'served':<8} " + " ".join(f"{n:>24}" for n in names)]
+             "matmul, nf4 nested bs64",
+             f"{'shape':<11} {'dtype':<8} {'M':>2} {'served':<8} " + " ".join(f"{n:>24}" for n in names)]
     for r in rows:
-        lines.append(f"{r['shape']:<11} {r['M']:>2} {r['rule']:<8} "
+        lines.append(f"{r['shape']:<11} {r.get('dtype', ''):<8} {r['M']:>2} {r['rule']:<8} "
                      + " ".join(f"{r[n][0]:>17.2f} ±{r[n][1]:>5.2f}" for n in names))
+    off = [r for r in rows if r["rule"] == "bnb"]
+    for r in off:
+        lines.append(f"hand-off ({r['shape']} {r.get('dtype', '')} M={r['M']}, bnb serves: {r['why']}): patched "
+                     f"matmul_4bit +{r['patched bnb matmul_4bit'][0] - r['bnb matmul_4bit'][0]:.2f} us, patched "
+                     f"Linear4bit +{r['patched Linear4bit'][0] - r['bnb Linear4bit'][0]:.2f} us over bnb")
     if dequant:
         lines.append("dequantize_4bit host us per call (256x256 bf16 nf4):")
         lines += [f"  {name:<42} {us:>7.2f}" for name, us in dequant.items()]
