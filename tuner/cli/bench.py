@@ -48,8 +48,9 @@ def add_parser(sub):
                         "batch 4096 patched against unpatched; not stored")
     p.add_argument("--no-linear", action="store_true", help="with --runtime: skip the Linear4bit forward")
     p.add_argument("--table", default=None, metavar="FILE|URL",
-                   help="with --runtime / --decode / --fallback-vs: serve from this configs.json or database "
-                        "(default: the runtime's own order: $NF4TUNE_CONFIGS, $NF4TUNE_DB, the packaged table)")
+                   help="with --runtime / --decode / --generate / --host / --fallback-vs: serve from this table file "
+                        "or from a database's best configs (exported in memory) (default: the runtime's own order: "
+                        "$NF4TUNE_CONFIGS, else the packaged table, with the per-user autotune table over it)")
     p.add_argument("--decode", action="store_true",
                    help="matmul family: tokens/s of a Llama-3-8B-shaped model (random weights) decoding with a static "
                         "KV cache under CUDA graphs, in bf16, with bnb's 4-bit kernels, patched, and with every 4-bit "
