@@ -7,6 +7,6 @@ writes its tables as CSV and JSON. :func:`build_report` writes ``index.html`` wi
 """
 
 from ._data import ReportData, collect
-from ._html import build_report
+from ._html import build_report, report_files
 
-__all__ = ["ReportData", "collect", "build_report"]
+__all__ = ["ReportData", "collect", "build_report", "report_files"]

@@ -16,12 +16,12 @@ import json
 import math
 from pathlib import Path
 
-from nf4tune._files import atomic_write
+from nf4tune._files import publish_files
 
 from nf4tune.vocabulary import FLAGS
 
 from ._data import MIN_SAMPLES, NOT_JUDGED, ReportData, status_kind
-from ._tables import write_tables
+from ._tables import TABLES, table_files
 
 # -- escaping ----------------------------------------------------------------------------------
 _SCRIPT_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
@@ -765,19 +765,24 @@ def _environments(data: ReportData) -> list:
     return parts
 
 
-DOWNLOADS = ("overview", "flags", "history")
+DOWNLOADS = TABLES
+
+
+def report_files() -> list:
+    """The names of the files a report writes into its folder (index.html last)."""
+    return ["plotly.min.js"] + [f"{name}.{ext}" for name in TABLES for ext in ("csv", "json")] + ["index.html"]
 
 
 def build_report(data: ReportData, out_dir) -> Path:
     """Write the static site into ``out_dir`` (created): index.html, plotly.min.js beside it,
-    and the overview, flags and history as CSV and JSON; each file is replaced atomically.
-    Returns the path of index.html."""
+    and the overview, flags and history as CSV and JSON. They are written into a fresh folder
+    beside ``out_dir`` and then moved into it, index.html last; one of their names there that
+    is a symlink, a folder, a special file or a database is refused and no other file of
+    ``out_dir`` is touched (:func:`nf4tune._files.publish_files`). Returns the path of index.html."""
     from plotly.offline import get_plotlyjs
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "plotly.min.js", get_plotlyjs())
-    write_tables(data, out)
+    files = {"plotly.min.js": get_plotlyjs()}
+    files.update(table_files(data))
     figs: dict = {}
     studies: list = []
     title = f"nf4-tune report: {data.meta.get('database', '')}"
@@ -806,4 +811,5 @@ def build_report(data: ReportData, out_dir) -> Path:
             f"<link rel='preload' href='plotly.min.js' as='script'><style>{_STYLE}</style></head><body>",
             f"<header><h1>nf4-tune report</h1><nav>{nav} &middot; downloads: {downloads}</nav></header>",
             *body, f"<script>window.NF4T={payload};</script><script>{_RENDER}</script></body></html>"]
-    return atomic_write(out / "index.html", "\n".join(page))
+    files["index.html"] = "\n".join(page)
+    return publish_files(out_dir, {name: files[name] for name in report_files()})[-1]

@@ -7,26 +7,34 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
+import numbers
 from pathlib import Path
 
-from nf4tune._files import atomic_write
+from nf4tune._files import publish_files
 
 from ._data import ReportData, to_plain
+
+#: the tables written beside index.html, each as NAME.csv and NAME.json
+TABLES = ("overview", "flags", "history")
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def csv_cell(value) -> str:
-    """One CSV cell: numbers as they are, text defused against formula injection."""
+    """One CSV cell: numbers as they are (a negative number stays a number), text defused
+    against formula injection (OWASP: a leading ``'``); ``nan`` and ``inf`` are text."""
     if value is None:
         return ""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or type(value).__name__ in ("bool_", "bool"):
         return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real) and math.isfinite(float(value)):
+        return repr(float(value))
     if isinstance(value, (dict, list)):
         value = json.dumps(to_plain(value), sort_keys=True)
-    text = str(value)
+    text = str(float(value)) if isinstance(value, numbers.Real) else str(value)
     return "'" + text if text.startswith(_FORMULA_START) else text
 
 
@@ -69,11 +77,17 @@ def _csv(rows: list) -> str:
     return buf.getvalue()
 
 
-def write_tables(data: ReportData, out: Path) -> list:
-    """Write NAME.csv and NAME.json for each table into ``out``; the paths written."""
-    written = []
+def table_files(data: ReportData) -> dict:
+    """File name -> text: NAME.csv and NAME.json for each table."""
+    files = {}
     meta = to_plain(data.meta)
     for name, rows in tables(data).items():
-        written.append(atomic_write(out / f"{name}.csv", _csv(rows)))
-        written.append(atomic_write(out / f"{name}.json", json.dumps(dict(meta=meta, rows=to_plain(rows)), indent=1)))
-    return written
+        files[f"{name}.csv"] = _csv(rows)
+        files[f"{name}.json"] = json.dumps(dict(meta=meta, rows=to_plain(rows)), indent=1)
+    return files
+
+
+def write_tables(data: ReportData, out: Path) -> list:
+    """Write NAME.csv and NAME.json for each table into ``out`` (:func:`nf4tune._files.publish_files`);
+    the paths written."""
+    return publish_files(out, table_files(data))

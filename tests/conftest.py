@@ -10,6 +10,15 @@ import pytest
 WHOLE_SPACE = os.environ.get("NF4TUNE_WHOLE_SPACE") == "1"
 
 
+def pytest_configure(config):
+    """No test reads or writes the user's own per-user autotune table (~/.cache/nf4-tune/autotuned.json):
+    the tests' is a path in a fresh folder that holds no table until a test writes one."""
+    import tempfile
+
+    os.environ["NF4TUNE_AUTOTUNE_TABLE"] = os.path.join(tempfile.mkdtemp(prefix="nf4tune-tests-"), "autotuned.json")
+    os.environ.pop("NF4TUNE_AUTOTUNE", None)
+
+
 def pytest_collection_modifyitems(config, items):
     from nf4tune.kernel.gpu import gpu_available
 

@@ -178,3 +178,44 @@ def test_every_direct_cuda_call_lives_in_the_kernel_layer():
             if any(n == "cuda" or n.startswith("cuda.") for n in names):
                 offenders.append(mod)
     assert offenders == [], offenders
+
+
+def _package_of(mod: str) -> str:
+    """The top-level package of ``nf4tune`` a module belongs to (``nf4tune.db._engine`` -> ``nf4tune.db``)."""
+    parts = mod.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else mod
+
+
+def test_no_two_way_ties_between_top_level_packages():
+    """Drawn from the imports: between nf4tune's top-level packages (db, serve, tune, reports, ...) the ties
+    point one way; the package root, which re-exports the public API, is left out."""
+    ties = set()
+    for mod, deps in _graph().items():
+        if mod == "nf4tune":
+            continue
+        for dep in deps:
+            a, b = _package_of(mod), _package_of(dep)
+            if a != b and b != "nf4tune":
+                ties.add((a, b))
+    two_way = sorted({tuple(sorted(t)) for t in ties if (t[1], t[0]) in ties})
+    assert two_way == [], f"packages importing each other: {two_way}"
+
+
+def test_the_distribution_installs_one_import_name(tmp_path):
+    """`pip install .` puts one top-level name into site-packages, nf4tune: the wheel's RECORD holds nothing
+    else (its dist-info aside)."""
+    import subprocess
+    import sys
+    import zipfile
+
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                        str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (wheel,) = tmp_path.glob("nf4_tune-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        record = next(n for n in names if n.endswith(".dist-info/RECORD"))
+        top = {line.split(",")[0].split("/")[0] for line in z.read(record).decode().splitlines() if line}
+    assert {t for t in top if not t.endswith(".dist-info")} == {"nf4tune"}
+    assert any(n.startswith("nf4tune/kernel_templates/") and n.endswith(".cu") for n in names)
+    assert "nf4tune/serve/tuned_configs.json" in names and "nf4tune/db/migrations/script.py.mako" in names

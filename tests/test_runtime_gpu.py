@@ -130,7 +130,17 @@ def test_linear4bit_identical_patched_and_unpatched(seed, dtype, batch):
             got = layer(x)
         if batch > 1536:   # bnb's gemm_4bit dequantizes then matmuls past M=1536: routed through us
             assert runtime.stats()["calls"] > calls
-    assert torch.equal(got, want)
+        d = runtime.explain_matmul(x, layer.weight.quant_state, layer.bias)
+    if d.served:
+        # a decode batch the fused matmul serves (an exact entry or a transfer): its gate, not bnb's bits
+        from nf4tune.families import MATMUL as MM
+        from nf4tune.families.matmul import MatmulInputs
+
+        qs = layer.weight.quant_state
+        inputs = MatmulInputs(x, layer.weight, qs, layer.bias, batch, qs.shape[0], qs.shape[1])
+        assert MM.compare(got, MM.expected(inputs), inputs, d.choice.config) is None
+    else:
+        assert torch.equal(got, want)
     # with autograd, Linear4bit dequantizes through F.dequantize_4bit in forward and backward
     xg = x.clone().requires_grad_(True)
     want = layer(xg)

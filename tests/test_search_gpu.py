@@ -78,7 +78,7 @@ def test_the_cli_search_killed_mid_trial_resumes_without_losing_a_trial(tmp_path
                 "--quiet", "--seed", "3"]
         done, running = _kill_mid_trial(url, argv, env)
         after_kill = _states(url)
-        # the trial seen running may finish between that look and the kill (seen once on the H100, session 18),
+        # the trial seen running may finish between that look and the kill (seen once on an H100),
         # or none be running at that look: then nothing was killed mid-trial, and the scenario runs again on a
         # fresh database (a trial left neither running nor complete by the kill is a failure, not a race)
         raced = not running or (after_kill[1] == [] and set(running) <= set(after_kill[0]))

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-# direct launches are timed here: 8 parallel workers disturbed them (session 18, H100: a clean quartile of
+# direct launches are timed here: 8 parallel workers disturbed them (H100, 2026-12: a clean quartile of
 # 146.9 us against 28 us replayed), so these run alone
 pytestmark = [pytest.mark.gpu, pytest.mark.alone]
 

@@ -108,12 +108,13 @@ def host_overhead(shape=(256, 256), dtype: str = "bf16", calls: int = 3000, roun
               float(qs.offset), out.data_ptr())
     core = bind(load_kernel(served.choice.config), inputs, out)
     cases = {
-        "bare launch (packed cuLaunchKernel)": lambda: packed(values, stream),
+        f"bare launch (packed cuLaunchKernel through {packed.via})": lambda: packed(values, stream),
         "cuda.core launch of the same variant": core,
         "runtime dequantize_4bit(A, qs, out=out)": lambda: runtime.dequantize_4bit(A, qs, out=out),
         "runtime dequantize_4bit(A, qs)": lambda: runtime.dequantize_4bit(A, qs),
         "bnb dequantize_4bit(A, qs, out=out)": lambda: F.dequantize_4bit(A, qs, out=out),
         "torch.empty of the output alone (reference)": lambda: torch.empty(qs.shape, dtype=qs.dtype, device="cuda"),
+        "out.new_empty of the output alone (reference)": lambda: out.new_empty(qs.shape),
     }
     result = {}
     for name, fn in cases.items():
@@ -170,7 +171,7 @@ def format_runtime(reports: Sequence[RuntimeReport], overhead: Optional[dict] = 
         lines.append(f"{label:<26} {r.runtime_us:>10.2f} {r.runtime_iqr_us:>6.2f} {r.bnb_us:>9.2f} "
                      f"{r.bnb_iqr_us:>6.2f} {r.gbps:>6.0f} {r.pct_copy:>6.1f} {r.speedup_vs_bnb:>6.2f}  {r.choice}")
     if overhead:
-        bare = overhead.get("bare launch (packed cuLaunchKernel)")
+        bare = next((us for name, us in overhead.items() if name.startswith("bare launch")), None)
         lines.append("host time per call (us):")
         for name, us in overhead.items():
             extra = f"  (+{us - bare:.2f} over the bare launch)" if bare is not None and name.startswith("runtime") else ""
@@ -209,32 +210,137 @@ def bench_matmul_runtime(problem: Problem, seed: Optional[int] = None, **timing)
             raise RuntimeError(f"{problem.label()}: the served kernel fails the gate: {bad}")
     peers = peer_candidates(MATMUL, MATMUL.peers(inputs, problem))
     label, ceiling, ceiling_bytes = MATMUL.ceiling(inputs, problem)
+    nbytes = MATMUL.traffic(problem)
+    floors = same_bytes_floors(nbytes, K, problem.m, A.dtype, A.device)
     # the runtime is timed as bnb is, from CUDA-graph replays (how decode runs it): host time
     # enters neither side
-    fns = {REF_MATMUL_RUNTIME: Graphed(lambda: matmul_4bit(A, Bt, qs)), **peers, label: ceiling}
+    fns = {REF_MATMUL_RUNTIME: Graphed(lambda: matmul_4bit(A, Bt, qs)), **peers, label: ceiling, **floors}
     samples = measure_interleaved(fns, flush=l2_flush_buffer(), **timing)
-    nbytes = MATMUL.traffic(problem)
     read_gbps = _gbps(ceiling_bytes, samples[label].median)
+    floor_label = min(floors, key=lambda f: samples[f].median)
+    floor_us = samples[floor_label].median
     rows = {}
     for name, s in samples.items():
         g = _gbps(ceiling_bytes if name == label else nbytes, s.median)
         rows[name] = dict(us=s.median, iqr_us=s.iqr, gbps=g, pct_read=100.0 * g / read_gbps,
-                          x_bnb=speedup(samples[REF_BNB_MATMUL].median, s.median))
+                          pct_floor=100.0 * floor_us / s.median, x_bnb=speedup(samples[REF_BNB_MATMUL].median, s.median))
     return dict(problem=problem.to_dict(), label=problem.label(), served=decision.served, reason=decision.reason,
-                config=decision.choice.config.short() if decision.choice else None, bytes=nbytes, read_gbps=read_gbps,
-                rows=rows, seed=seed, gpu=gpu_state())
+                rule=decision.rule, config=decision.choice.config.short() if decision.choice else None, bytes=nbytes,
+                read_gbps=read_gbps, floor=floor_label, floor_us=floor_us, rows=rows, seed=seed, gpu=gpu_state())
+
+
+REF_SAME_READ = "read of the same bytes"
+REF_SAME_GEMV = "dense bf16 GEMV of the same bytes"
+
+
+def same_bytes_floors(nbytes: int, K: int, M: int, dtype, device) -> dict:
+    """The two reads of a matmul's ``nbytes`` that its time is judged against (the faster is the floor): a
+    plain read of exactly those bytes (``torch.sum``), and a dense GEMV whose 16-bit weight is that many bytes
+    (K columns, as many rows as the bytes make, ``M`` rows of activations), on random data."""
+    import torch
+
+    from ..families.matmul import read_reduction
+
+    read = read_reduction(device, max(4, nbytes // 4 * 4))
+    rows = max(1, nbytes // (2 * K))
+    w = torch.randn(rows, K, dtype=torch.bfloat16 if dtype == torch.float32 else dtype, device=device)
+    a = torch.randn(M, K, dtype=w.dtype, device=device)
+    return {REF_SAME_READ: read, REF_SAME_GEMV: lambda: torch.nn.functional.linear(a, w)}
 
 
 def format_matmul_runtime(reports: Sequence[dict]) -> str:
     from ..families.matmul import REF_BNB_MATMUL, REF_DENSE
 
-    lines = [f"{'problem':<34} {'served':<7} {'us':>8} {'GB/s':>6} {'%read':>6} {'x bnb':>6} {'bnb us':>8} "
-             f"{'%read':>6} {'dense us':>9}  config / why bnb"]
+    lines = [f"{'problem':<34} {'served':<8} {'us':>8} {'GB/s':>6} {'floor us':>8} {'%floor':>6} {'x bnb':>6} "
+             f"{'bnb us':>8} {'%floor':>6} {'dense us':>9}  config / why bnb"]
     for r in reports:
         o, b, d = r["rows"][REF_MATMUL_RUNTIME], r["rows"][REF_BNB_MATMUL], r["rows"][REF_DENSE]
-        lines.append(f"{r['label']:<34} {'tuned' if r['served'] else 'bnb':<7} {o['us']:>8.2f} {o['gbps']:>6.0f} "
-                     f"{o['pct_read']:>6.1f} {o['x_bnb']:>6.2f} {b['us']:>8.2f} {b['pct_read']:>6.1f} {d['us']:>9.2f}  "
-                     f"{r['config'] if r['served'] else r['reason']}")
+        lines.append(f"{r['label']:<34} {r.get('rule', 'tuned' if r['served'] else 'bnb'):<8} {o['us']:>8.2f} "
+                     f"{o['gbps']:>6.0f} {r['floor_us']:>8.2f} {o['pct_floor']:>6.1f} {o['x_bnb']:>6.2f} {b['us']:>8.2f} "
+                     f"{b['pct_floor']:>6.1f} {d['us']:>9.2f}  {r['config'] if r['served'] else r['reason']}")
     if reports:
-        lines.append(f"read-only ceiling: {reports[0]['read_gbps']:.0f} GB/s (a 512 MiB reduction, same runs)")
+        lines.append(f"floor: the faster of a {REF_SAME_READ} and a {REF_SAME_GEMV}, timed in the same runs; read-only "
+                     f"ceiling: {reports[0]['read_gbps']:.0f} GB/s (a 512 MiB reduction)")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- host time per call
+#: the matmul shapes of `bench --host`: three that the H100 and H200 tables hold, one that neither does
+HOST_SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (18944, 3584))
+
+
+def _host_us(fn, calls: int, rounds: int) -> tuple:
+    """Host microseconds per call of ``fn`` (median and spread over ``rounds`` of ``calls`` back to back, the GPU
+    synchronised between rounds; ``calls`` small enough that the launch queue never fills, so the GPU's own
+    time cannot enter)."""
+    import statistics
+    import time
+
+    import torch
+
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(per), max(per) - min(per)
+
+
+def host_matmul(shapes=HOST_SHAPES, batches=(1, 8), dtype: str = "bf16", calls: int = 200, rounds: int = 15) -> list:
+    """Host us per call at each shape and batch: bnb's ``matmul_4bit``, nf4-tune's ``matmul_4bit`` (the direct
+    API), bnb's ``matmul_4bit`` and a ``Linear4bit`` forward under ``patch_bitsandbytes()``, and the unpatched
+    ``Linear4bit`` forward; what serves each (the rule: exact, transfer or bnb)."""
+    import torch
+    import bitsandbytes as bnb
+
+    from ..serve import matmul as served
+    from ..serve.patch import patch_bitsandbytes
+
+    rows = []
+    # the last row: a call the fused kernel declines (fp32 activations: no table holds them), so that the
+    # patched columns against bnb's are the cost of the hand-off
+    for (N, K), t, ms in [(shape, getattr(torch, TORCH_DTYPE[dtype]), batches) for shape in shapes] + \
+            [((4096, 4096), torch.float32, (1,))]:
+        layer = bnb.nn.Linear4bit(K, N, bias=False, compute_dtype=t, quant_type="nf4").cuda()
+        qs = layer.weight.quant_state
+        for M in ms:
+            x = torch.randn(M, K, dtype=t, device="cuda")
+            W = layer.weight.t()
+            with torch.no_grad():
+                d = served.explain_matmul(x, qs)
+                cases = {"bnb matmul_4bit": lambda: bnb.matmul_4bit(x, W, qs),
+                         "bnb Linear4bit": lambda: layer(x),
+                         "nf4tune.matmul_4bit": lambda: served.matmul_4bit(x, W, qs)}
+                row = dict(shape=f"{N}x{K}", M=M, dtype=str(t).replace("torch.", ""), rule=d.rule, why=d.reason)
+                for name, fn in cases.items():
+                    row[name] = _host_us(fn, calls, rounds)
+                with patch_bitsandbytes():
+                    row["patched bnb matmul_4bit"] = _host_us(lambda: bnb.matmul_4bit(x, W, qs), calls, rounds)
+                    row["patched Linear4bit"] = _host_us(lambda: layer(x), calls, rounds)
+            rows.append(row)
+    return rows
+
+
+def format_host(rows: Sequence[dict], dequant: Optional[dict] = None) -> str:
+    names = ("bnb matmul_4bit", "nf4tune.matmul_4bit", "patched bnb matmul_4bit", "bnb Linear4bit",
+             "patched Linear4bit")
+    lines = ["host us per call (median over rounds of back-to-back calls; the GPU never the bound), "
+             "matmul, nf4 nested bs64",
+             f"{'shape':<11} {'dtype':<8} {'M':>2} {'served':<8} " + " ".join(f"{n:>24}" for n in names)]
+    for r in rows:
+        lines.append(f"{r['shape']:<11} {r.get('dtype', ''):<8} {r['M']:>2} {r['rule']:<8} "
+                     + " ".join(f"{r[n][0]:>17.2f} ±{r[n][1]:>5.2f}" for n in names))
+    off = [r for r in rows if r["rule"] == "bnb"]
+    for r in off:
+        lines.append(f"hand-off ({r['shape']} {r.get('dtype', '')} M={r['M']}, bnb serves: {r['why']}): patched "
+                     f"matmul_4bit +{r['patched bnb matmul_4bit'][0] - r['bnb matmul_4bit'][0]:.2f} us, patched "
+                     f"Linear4bit +{r['patched Linear4bit'][0] - r['bnb Linear4bit'][0]:.2f} us over bnb")
+    if dequant:
+        lines.append("dequantize_4bit host us per call (256x256 bf16 nf4):")
+        lines += [f"  {name:<42} {us:>7.2f}" for name, us in dequant.items()]
     return "\n".join(lines)

@@ -20,10 +20,21 @@ EXIT_INTERRUPTED = 130
 EXIT_TABLE = """exit codes:
   0    success (regress: a clean night)
   1    the work ran and found a failure: a regression, regression-vs-bnb or broken kernel
-       (regress), compile failures (compile), an error while measuring
+       (regress), compile failures (compile), an error while measuring, a database error
+       in the middle of the work
   2    nothing was done: bad arguments or input (usage), no GPU, a missing or unreadable
-       database, nothing tuned for this GPU (regress)
-  130  interrupted"""
+       database, a database locked by another process for longer than --lock-timeout,
+       a database a writer left in the middle of a transaction (a read-only command says
+       so; `nf4-tune db recover DB` or any writing command rolls it back), an output that
+       would land on a database, nothing tuned for this GPU (regress)
+  130  interrupted
+
+outputs: a path is resolved (symlinks followed) before anything is written, and refused
+when it is the --db file, any SQLite file or a -wal/-shm/-journal file; files are replaced
+atomically and only where they are regular files. A report is written into a fresh folder
+beside DIR, then only its own files (index.html, plotly.min.js, the .csv and .json tables)
+move into DIR: one of them there as a symlink, a folder or a special file is refused, and
+no other file in DIR is touched."""
 
 
 class UserError(Exception):
@@ -66,6 +77,13 @@ _DB_HELP = "database URL (default: $NF4TUNE_DB or ./nf4tune.db; a path means a S
 
 def add_db_arg(parser, help: str = _DB_HELP) -> None:
     parser.add_argument("--db", default=None, metavar="URL", help=help)
+    add_lock_timeout_arg(parser)
+
+
+def add_lock_timeout_arg(parser) -> None:
+    parser.add_argument("--lock-timeout", type=positive_float, default=None, metavar="S",
+                        help="seconds to wait while another process locks the database (default: "
+                             "$NF4TUNE_LOCK_TIMEOUT, else 30); a line on stderr after 2 s, exit 2 when it runs out")
 
 
 def add_family_arg(parser) -> None:

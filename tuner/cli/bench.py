@@ -48,18 +48,39 @@ def add_parser(sub):
                         "batch 4096 patched against unpatched; not stored")
     p.add_argument("--no-linear", action="store_true", help="with --runtime: skip the Linear4bit forward")
     p.add_argument("--table", default=None, metavar="FILE|URL",
-                   help="with --runtime / --decode / --fallback-vs: serve from this configs.json or database "
-                        "(default: the runtime's own order: $NF4TUNE_CONFIGS, $NF4TUNE_DB, the packaged table)")
+                   help="with --runtime / --decode / --generate / --host / --fallback-vs: serve from this table file "
+                        "or from a database's best configs (exported in memory) (default: the runtime's own order: "
+                        "$NF4TUNE_CONFIGS, else the packaged table, with the per-user autotune table over it)")
     p.add_argument("--decode", action="store_true",
                    help="matmul family: tokens/s of a Llama-3-8B-shaped model (random weights) decoding with a static "
                         "KV cache under CUDA graphs, in bf16, with bnb's 4-bit kernels, patched, and with every 4-bit "
                         "linear free (no kernel: the most any 4-bit matmul can speed the decode up); not stored")
+    p.add_argument("--generate", action="store_true",
+                   help="Hugging Face generate as bnb users run it: the model of --model (a config.json; default "
+                        "Llama-3-8B's shape, random weights) in bf16, with bnb's kernels and patched, each eager "
+                        "(greedy, dynamic cache) and as a CUDA-graph step (with the every-Linear4bit-free bound); "
+                        "tokens/s, interleaved rounds, the first discarded, the spread shown; not stored")
+    p.add_argument("--rounds", type=positive_int, default=3,
+                   help="with --generate: rounds kept after the discarded first one (default 3)")
+    p.add_argument("--search-quality", action="store_true",
+                   help="for each problem (--shape/--model x --m): a --trials and a --reference-trials search, each "
+                        "from a fresh database (as a user starts: warm-started from the tables), and how far the "
+                        "short one's best is from the long one's (target: within 5%%); not stored")
+    p.add_argument("--trials", type=positive_int, default=30, help="with --search-quality: the short search (default 30)")
+    p.add_argument("--reference-trials", type=positive_int, default=300,
+                   help="with --search-quality: the long search (default 300)")
+    p.add_argument("--host", action="store_true",
+                   help="host microseconds per call of bnb's matmul_4bit and Linear4bit, nf4tune.matmul_4bit and both "
+                        "bnb calls under patch_bitsandbytes(), at M = 1 and 8 (or --m), on three tuned shapes and one "
+                        "that nobody tuned (or --shape), and of the dequantize_4bit runtime; not stored")
     p.add_argument("--batch", action="append", type=positive_int, default=None,
-                   help="with --decode: batch sizes (default 1 and 8)")
-    p.add_argument("--layers", type=positive_int, default=32, help="with --decode: decoder layers (default 32)")
+                   help="with --decode / --generate: batch sizes (default 1 and 8)")
+    p.add_argument("--layers", type=positive_int, default=None,
+                   help="with --decode / --generate: decoder layers (default 32, or the --model config's)")
     p.add_argument("--exhaustive", action="store_true",
                    help="screen every config of the space for each --shape, then measure the fastest --finalists "
-                        "(and the --compare-db best) with the full harness; not stored")
+                        "(and the --compare-db best) with the full harness; the finalists' measurements are stored "
+                        "(--db; not with --no-db), so that `nf4-tune export` makes the serving table of them")
     p.add_argument("--experimental", action="store_true",
                    help="with --exhaustive: screen the whole space, the family's experimental knob values too "
                         "(default: the default space; a value named in --sweep is taken either way)")
@@ -110,11 +131,18 @@ def candidates_from_args(args, family, problem_values: dict, problem=None) -> li
 
 
 def run(args) -> int:
-    if sum(map(bool, (args.runtime, args.exhaustive, args.decode, args.fallback_vs))) > 1:
-        raise UserError("--runtime, --exhaustive, --decode and --fallback-vs are separate modes: give one")
+    modes = (args.runtime, args.exhaustive, args.decode, args.fallback_vs, args.generate, args.host,
+             args.search_quality)
+    if sum(map(bool, modes)) > 1:
+        raise UserError("--runtime, --exhaustive, --decode, --generate, --host, --search-quality and --fallback-vs are "
+                        "separate modes: give one")
     output_file(args.output)
     if args.decode:
         return _decode(args)
+    if args.generate:
+        return _generate(args)
+    if args.host:
+        return _host(args)
     if args.runtime:
         return _runtime(args)
     if not args.shape and not args.model:
@@ -122,6 +150,8 @@ def run(args) -> int:
                         "benchmark)")
     if args.exhaustive:
         return _exhaustive(args)
+    if args.search_quality:
+        return _search_quality(args)
     if args.fallback_vs:
         return _fallback(args)
     problems = problems_from_args(args)
@@ -181,11 +211,65 @@ def _decode(args) -> int:
         raise UserError("--decode measures the matmul family: add --family matmul")
     _use_table(args)
     require_gpu()
-    result = decode_benchmark(batches=tuple(args.batch or (1, 8)), layers=args.layers,
+    result = decode_benchmark(batches=tuple(args.batch or (1, 8)), layers=args.layers or 32,
                               progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(format_decode(result), flush=True)
     if args.output:
         write_json(args.output, result)
+    return 0
+
+
+def _generate(args) -> int:
+    from ..bench.generate import format_generate, generate_benchmark, load_model_config
+
+    if len(args.model) > 1:
+        raise UserError("--generate takes one --model")
+    try:
+        load_model_config(args.model[0] if args.model else None)
+    except ValueError as e:
+        raise UserError(f"--model: {e}") from None
+    _use_table(args)
+    require_gpu()
+    result = generate_benchmark(args.model[0] if args.model else None, layers=args.layers,
+                                batches=tuple(args.batch or (1, 8)), rounds=args.rounds,
+                                progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(format_generate(result), flush=True)
+    if args.output:
+        write_json(args.output, result)
+    return 0
+
+
+def _search_quality(args) -> int:
+    from ..tune.quality import format_quality, search_quality
+
+    if args.trials >= args.reference_trials:
+        raise UserError(f"--trials {args.trials} must be fewer than --reference-trials {args.reference_trials}")
+    problems = problems_from_args(args)
+    gpu = require_gpu()
+    rows = search_quality(problems, gpu=gpu, short=args.trials, long=args.reference_trials,
+                          seed=args.seed if args.seed is not None else 0)
+    print(format_quality(rows), flush=True)
+    if args.output:
+        write_json(args.output, [r.to_dict() for r in rows])
+    return 0
+
+
+def _host(args) -> int:
+    from ..bench.runtime import HOST_SHAPES, format_host, host_matmul, host_overhead
+
+    shapes = [tuple(s) for s in args.shape] if args.shape else list(HOST_SHAPES)
+    if any(len(s) != 2 for s in shapes):
+        raise UserError("--host: each --shape is N x K")
+    batches = tuple(args.m) if getattr(args, "m", None) else (1, 8)
+    _use_table(args)
+    require_gpu()
+    print("host time per call: matmul ...", file=sys.stderr, flush=True)
+    rows = host_matmul(shapes, batches, dtype=args.dtype)
+    print("host time per call: dequantize_4bit ...", file=sys.stderr, flush=True)
+    deq = host_overhead(dtype=args.dtype)
+    print(format_host(rows, deq), flush=True)
+    if args.output:
+        write_json(args.output, dict(matmul=rows, dequant=deq))
     return 0
 
 
@@ -290,9 +374,6 @@ def _precompile(configs, arch) -> None:
 
 
 def _exhaustive(args) -> int:
-    from ..measure.bench import format_report
-    from ..tune.exhaustive import exhaustive_best
-
     problems = problems_from_args(args)
     family = get_family(args.family)
     restrict = _space_restriction(family, args.sweep)
@@ -307,7 +388,25 @@ def _exhaustive(args) -> int:
         spaces[prob] = space
     repo = open_repo(args.compare_db, read_only=True) if args.compare_db else None
     gpu = require_gpu()
+    store = None if args.no_db else open_repo(args.db, read_only=False)
     _precompile([c for prob in problems for c in spaces[prob] + given[prob]], gpu.arch)
+    if store is None:
+        return _exhaustive_screens(args, problems, family, spaces, given, repo, gpu, None)
+    from ..measure.record import recorded_run
+
+    with recorded_run("screen", None, gpu, command=command_line(), repo=store) as rec:
+        code = _exhaustive_screens(args, problems, family, spaces, given, repo, gpu, rec)
+    print(f"the finalists' measurements are stored as run {rec.run.id} in {store.url} (nf4-tune export makes the "
+          "serving table of them)", file=sys.stderr)
+    return code
+
+
+def _exhaustive_screens(args, problems, family, spaces, given, repo, gpu, recorded) -> int:
+    """Each problem's screen and final stage; the final stage's full-harness measurements are stored under
+    ``recorded`` (None: not stored)."""
+    from ..measure.bench import format_report
+    from ..tune.exhaustive import exhaustive_best
+
     out = []
     for i, prob in enumerate(problems):
         compare = [("given: " + c.short(), c) for c in given[prob]]
@@ -330,6 +429,8 @@ def _exhaustive(args) -> int:
         for label in rep.compared:
             r = rep.ratio(label)
             print(f"{label}: " + (f"{r:.4f}x the exhaustive best's time ({100 * (r - 1):+.2f}%)" if r else "invalid"))
+        if recorded is not None and rep.final is not None:
+            recorded.store(rep.final)
         out.append(rep.to_dict())
     if args.output:
         write_json(args.output, out)

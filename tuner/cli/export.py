@@ -12,7 +12,9 @@ def add_parser(sub):
                        description="Write the best stored config of every (GPU model, problem), every family, as a "
                                    "configs.json the runtime serves from (nf4tune.serve.use_configs or "
                                    "$NF4TUNE_CONFIGS). The file is written atomically; only a regular file (or a "
-                                   "symlink to one) is replaced.")
+                                   "symlink to one) is replaced, and never a database: FILE is resolved (symlinks "
+                                   "followed) and refused when it is the --db file, any SQLite file or a "
+                                   "-wal/-shm/-journal file.")
     p.add_argument("-o", "--output", required=True, metavar="FILE")
     add_db_arg(p)
     p.set_defaults(func=run)

@@ -20,7 +20,8 @@ def add_parser(sub):
                                    "since the baseline. Exit 0 clean, 1 a confirmed regression or a broken kernel, "
                                    "2 cannot run (no GPU, a missing or unreadable database, nothing tuned).")
     add_db_arg(p)
-    p.add_argument("--report", default=None, metavar="DIR", help="also write the HTML report to DIR")
+    p.add_argument("--report", default=None, metavar="DIR",
+                   help="also write the HTML report to DIR (as `nf4-tune report -o DIR` writes it)")
     p.add_argument("--no-remeasure", action="store_true",
                    help="do not re-measure a first drop at once (it is then confirmed only by the next night), nor a "
                         "night whose bnb measurement was disturbed")
@@ -54,13 +55,9 @@ def run(args) -> int:
     from ..track.nightly import run_regress
 
     if args.report:
-        from .._files import OutputPathError, check_output_dir
-        from ._common import UserError
+        from .report import check_report_dir
 
-        try:
-            check_output_dir(args.report)
-        except OutputPathError as e:
-            raise UserError(str(e)) from None
+        check_report_dir(args.report)
     gpu = require_gpu()
     read = open_repo(args.db, read_only=True)      # a missing database is an error, never created
     if not read.problems(gpu.name):

@@ -13,19 +13,30 @@ def add_parser(sub):
                                    "band and the threshold), one block per run (command, environment and config "
                                    "diff against its baseline, measurement labels), the search studies and a knob "
                                    "heatmap: index.html with plotly.min.js beside it, and the overview, flags and "
-                                   "history as CSV and JSON. The database is only read: a missing one is an error.")
+                                   "history as CSV and JSON. The database is only read: a missing one is an error. "
+                                   "The files are written into a fresh folder beside DIR and then only they move "
+                                   "into DIR (index.html last); one of their names in DIR that is a symlink, a folder "
+                                   "or a special file, or a database, is refused before anything is read, and no "
+                                   "other file in DIR is touched.")
     p.add_argument("-o", "--output", required=True, metavar="DIR")
     add_db_arg(p)
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
-    from .._files import OutputPathError, check_output_dir
+def check_report_dir(path) -> None:
+    """Refuse, before any work, a DIR the report cannot be published into (see ``--help``)."""
+    from nf4tune.reports import report_files
+
+    from .._files import OutputPathError, check_publish_targets
 
     try:
-        check_output_dir(args.output)
+        check_publish_targets(path, report_files())
     except OutputPathError as e:
         raise UserError(str(e)) from None
+
+
+def run(args) -> int:
+    check_report_dir(args.output)
     from nf4tune.reports import build_report, collect
 
     repo = open_repo(args.db, read_only=True)

@@ -11,6 +11,7 @@ or count, and what it cannot take is one exception, :class:`~nf4tune.vocabulary.
 from __future__ import annotations
 
 import hashlib
+import struct
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
@@ -189,30 +190,74 @@ class PackedLaunch:
                 u32[2 * slot] = v
             else:
                 self._vals[slot] = v
-        self._f32 = f32
         self._dynamic = tuple((slot, kinds[slot] == "f32") for slot in plan.DYNAMIC)
         self._ptrs = np.array([self._vals.ctypes.data + 8 * i for i in range(len(kinds))], dtype=np.uint64)
         self._params = int(self._ptrs.ctypes.data)
-        self._function = kernel.function.handle      # a CUkernel: cuLaunchKernel takes it as it takes a CUfunction
-        self._launch = driver.cuLaunchKernel
-        self._ok = driver.CUresult.CUDA_SUCCESS
+        # the dynamic parameters are written by one struct.pack_into over the slots they span (a float slot
+        # takes its low 4 bytes: little endian); slots between them that are not dynamic keep their value
+        self._buffer = memoryview(self._vals).cast("B")
+        first, last = min(plan.DYNAMIC), max(plan.DYNAMIC)
+        if tuple(plan.DYNAMIC) != tuple(range(first, last + 1)):
+            raise ValueError(f"{type(plan).__name__}.DYNAMIC must be consecutive slots, not {plan.DYNAMIC}")
+        self._format = "<" + "".join("f4x" if is_float else "Q" for _, is_float in self._dynamic)
+        self._offset = 8 * first
+        self._pack = struct.pack_into
         grid = tuple(plan.grid) + (1, 1) if isinstance(plan.grid, tuple) else (plan.grid, 1, 1)
         block = tuple(plan.block) + (1, 1) if isinstance(plan.block, tuple) else (plan.block, 1, 1)
         self._geometry = (*grid[:3], *block[:3], plan.smem)
         self._lock = threading.Lock()
+        # the driver's cuLaunchKernel called through ctypes (about 1 us a call) where libcuda loads, else
+        # through cuda.bindings (about 3.5 us a call: its argument conversion); the same function and context.
+        # A CUkernel (cuda.core's handle) is taken by cuLaunchKernel as a CUfunction.
+        self._c_launch = _libcuda_launch()
+        if self._c_launch is not None:
+            self._function = int(kernel.function.handle)
+            self._call = self._call_ctypes
+        else:
+            self._function = kernel.function.handle
+            self._launch = driver.cuLaunchKernel
+            self._ok = driver.CUresult.CUDA_SUCCESS
+            self._call = self._call_bindings
+
+    def _call_ctypes(self, stream: int) -> int:
+        return self._c_launch(self._function, *self._geometry, stream, self._params, None)
+
+    def _call_bindings(self, stream: int) -> int:
+        err = self._launch(self._function, *self._geometry, _cu_stream(stream), self._params, 0)[0]
+        return 0 if err == self._ok else int(err)
+
+    @property
+    def via(self) -> str:
+        """How the launch reaches the driver: ``ctypes`` or ``cuda.bindings``."""
+        return "ctypes" if self._c_launch is not None else "cuda.bindings"
 
     def __call__(self, values, stream: int) -> None:
         """Launch with the dynamic parameters ``values`` (in the plan's DYNAMIC order) on ``stream``."""
-        v, f = self._vals, self._f32
         with self._lock:
-            for (slot, is_float), x in zip(self._dynamic, values):
-                if is_float:
-                    f[2 * slot] = x
-                else:
-                    v[slot] = x
-            err = self._launch(self._function, *self._geometry, _cu_stream(stream), self._params, 0)[0]
-        if err != self._ok:
-            raise UnsupportedInput(f"launch of {self.kernel.config.short()} failed: {err!r}")
+            self._pack(self._format, self._buffer, self._offset, *values)
+            err = self._call(stream)
+        if err:
+            raise UnsupportedInput(f"launch of {self.kernel.config.short()} failed: CUresult {err}")
+
+
+@lru_cache(maxsize=1)
+def _libcuda_launch():
+    """``cuLaunchKernel`` of the driver library as a ctypes function, or None where it cannot be loaded
+    (``NF4TUNE_LAUNCH=bindings`` chooses cuda.bindings' wrapper instead)."""
+    import ctypes
+    import os
+
+    if os.environ.get("NF4TUNE_LAUNCH") == "bindings":
+        return None
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuLaunchKernel
+    except (OSError, AttributeError):
+        return None
+    u = ctypes.c_uint
+    fn.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 _KERNELS: dict = {}

@@ -2,7 +2,7 @@
 
 :func:`quantize_4bit` reproduces ``bitsandbytes.functional.quantize_4bit`` on the CPU (the
 packed bytes and every statistic), so tests and benchmarks can make data without bnb.
-:func:`dequantize_4bit` reproduces bnb's CUDA ``dequantize_4bit``: the recipe in README's "Bit-exactness" section and the
+:func:`dequantize_4bit` reproduces bnb's CUDA ``dequantize_4bit``: the recipe in docs/kernels.md ("The recipe both families follow") and the
 header of ``kernel_templates/dequant.cu`` (float32 throughout, the nested absmax as two separately rounded
 operations, subnormal products flushed to zero as bnb's ``--use_fast_math`` build does,
 round-to-nearest-even to the output dtype).

@@ -1,20 +1,28 @@
 """Serving the matmul family: a drop-in for bnb's grad-free ``matmul_4bit`` in decode.
 
 :func:`matmul_4bit` takes bnb's arguments (``A``, the packed ``B`` as bnb's ``matmul_4bit``
-receives it, the ``quant_state``, ``out``, ``bias``) and gives its result layout. A call runs
-the tuned fused kernel only where the serving table holds a variant measured faster than bnb
-for this GPU model, weight shape, dtype, quant type, blocksize and batch bucket (M rounded up
-to 1, 2, 4, ..., 64); everywhere else bnb's own path runs, and :func:`nf4tune.serve.runtime.stats`
-counts why (``matmul_bnb``).
+receives it, the ``quant_state``, ``out``, ``bias``) and gives its result layout. Which kernel serves a
+(GPU model, weight shape, dtype, quant type, blocksize, batch bucket) is decided once, by the rules of
+:func:`serve_decision`: the exact table entry where it was measured faster than bnb; else a transfer of
+the nearest tuned neighbours' config whose launch plan takes the shape (:meth:`ConfigTable.transfer`);
+else bnb's own path. :func:`explain_matmul` says which rule served and from which problem.
+
+The host path. Everything that depends only on the weight and the batch is built once per (weight,
+M, dtype, device) and kept on the quant_state: bnb's checks, the decision, the loaded kernel, its launch
+plan and packed parameters (:class:`_Served`). A call then looks its entry up by one attribute read and
+a small tuple key, checks what can change from call to call (A's layout, ``out``, ``bias``), allocates
+the output and launches: no device-name query, no :class:`Problem`, no repeated plan checks. A weight
+whose statistics were replaced (a new absmax, code or offset tensor) is prepared again. Where bnb
+serves, that too is decided once and remembered (:data:`BNB`), so the hand-off costs a lookup.
 
 Under ``torch.use_deterministic_algorithms(True)`` a variant whose outputs each sum more than two
 split-K or stream-K parts with fp32 atomics (whose rounding follows the order they arrive in) is not
 served: bnb, which splits nothing, serves those calls (``explain_matmul`` says so).
 
-A call never synchronises (the nested offset is read by the kernel through a pointer) and
-allocates nothing but its output, so it can be captured in a CUDA graph once warmed up: the
-first call of a (shape, batch) builds the launch plan, whose split-K workspace the kernel keeps
-zeroed; a plan missing during a capture is not built there (bnb serves that call).
+A call never synchronises (the nested offset is read by the kernel through a pointer) and allocates
+nothing but its output, so it can be captured in a CUDA graph once warmed up: the first call of a
+(weight, batch) builds the launch plan, whose split-K workspace the kernel keeps zeroed; a plan missing
+during a capture is not built there (bnb serves that call).
 """
 
 from __future__ import annotations
@@ -24,22 +32,30 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..families.matmul import MatmulPlan, check_matmul_inputs, stat_args
-from ..vocabulary import Problem, UnsupportedInput, m_bucket
+from ..vocabulary import M_BUCKETS, InvalidConfig, Problem, UnsupportedInput, m_bucket
 from . import runtime as _runtime
 from . import table as _table
 from .table import Choice
 
-__all__ = ["matmul_4bit", "explain_matmul", "serve_decision"]
+__all__ = ["matmul_4bit", "explain_matmul", "serve_decision", "Decision", "served_call", "fused_or_none", "run_bnb",
+           "gpu_name", "plan_verdict", "set_first_use_hook", "BNB"]
 
 _lock = threading.Lock()
-_plans: dict = {}
+#: ``declined.on`` is set while a call that the fused kernel declined runs bnb's own path: the bnb patch's
+#: functions under bnb's torch op then run bnb's kernel without asking again
+declined = threading.local()
 _decisions: dict = {}
+#: bumped whenever the serving table changes: every prepared weight is prepared again
+_generation = [0]
+#: the most rows of A the decode kernels serve (the largest batch bucket)
+MAX_M = M_BUCKETS[-1]
+_DTYPES: dict = {}           # torch dtype -> short name (filled on first use: torch is imported lazily)
 
 
 def _reset():
     with _lock:
-        _plans.clear()
         _decisions.clear()
+        _generation[0] += 1
 
 
 _table.on_change(_reset)
@@ -53,24 +69,52 @@ class Decision:
     choice: Optional[Choice]
     reason: str
 
+    @property
+    def rule(self) -> str:
+        """Which rule decided: ``exact``, ``transfer`` or ``bnb``."""
+        return self.choice.source if self.served and self.choice is not None else "bnb"
 
-def serve_decision(gpu: str, problem: Problem) -> Decision:
-    """Whether the tuned kernel serves ``problem`` on GPU model ``gpu``: only an exact table
-    entry whose variant was measured faster than bnb at that batch bucket."""
+
+_NAMES: dict = {}
+
+
+def gpu_name(index: int) -> str:
+    """The model name of CUDA device ``index`` (asked once per process)."""
+    name = _NAMES.get(index)
+    if name is None:
+        import torch
+
+        name = _NAMES[index] = torch.cuda.get_device_name(index)
+    return name
+
+
+def serve_decision(gpu: str, problem: Problem, accepts=None) -> Decision:
+    """Whether and how the tuned kernel serves ``problem`` on GPU model ``gpu``: the exact table entry if it
+    was measured faster than bnb at that batch bucket; else a transfer from the nearest neighbours measured
+    faster than bnb whose config ``accepts(config)`` (True, or why not: the launch plan's verdict) takes;
+    else bnb. ``accepts`` None: only the family's constraints are checked (a planning question asked
+    without the device)."""
     key = (gpu, problem)
     d = _decisions.get(key)
     if d is not None:
         return d
-    entry = _table.current_table().entry(gpu, problem)
-    if entry is None:
-        d = Decision(False, None, f"{problem.label()} is not tuned for {gpu}: bnb serves it")
-    elif not entry.speedup_vs_bnb or entry.speedup_vs_bnb <= 1.0:
-        x = f"{entry.speedup_vs_bnb:.2f}x" if entry.speedup_vs_bnb else "no comparison with bnb"
-        d = Decision(False, Choice(entry.config, "exact", problem.label(), _table.current_table().origin),
-                     f"the tuned variant was not faster than bnb at m={problem.m} ({x}): bnb serves it")
-    else:
-        d = Decision(True, Choice(entry.config, "exact", problem.label(), _table.current_table().origin),
+    table = _table.current_table()
+    entry = table.entry(gpu, problem)
+    if entry is not None and entry.speedup_vs_bnb and entry.speedup_vs_bnb > 1.0:
+        d = Decision(True, Choice(entry.config, "exact", problem.label(), entry.table),
                      f"tuned, {entry.speedup_vs_bnb:.2f}x bnb")
+    else:
+        choice = table.transfer(gpu, problem, accepts or (lambda c: True))
+        if choice is not None:
+            d = Decision(True, choice, f"transferred from {choice.tuned_for} ({choice.note})")
+        elif entry is not None:
+            x = f"{entry.speedup_vs_bnb:.2f}x" if entry.speedup_vs_bnb else "no comparison with bnb"
+            d = Decision(False, Choice(entry.config, "exact", problem.label(), entry.table),
+                         f"the tuned variant was not faster than bnb at m={problem.m} ({x}), and no neighbour's "
+                         "config serves it: bnb serves it")
+        else:
+            d = Decision(False, None, f"{problem.label()} is not tuned for {gpu} and no tuned neighbour's config "
+                                      "takes its shape: bnb serves it")
     with _lock:
         _decisions[key] = d
     return d
@@ -81,15 +125,239 @@ def nondeterministic_reason(plan) -> str:
             "output with fp32 atomics (the rounding follows their arrival order): bnb serves it")
 
 
-def _problem_of(A, qs, dtype: str, N: int, K: int) -> Problem:
-    M = A.numel() // K
+def _dtype_name(dtype) -> Optional[str]:
+    if not _DTYPES:
+        import torch
+
+        _DTYPES.update({torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"})
+    return _DTYPES.get(dtype)
+
+
+def problem_of(qs, dtype: str, N: int, K: int, M: int) -> Problem:
     return Problem((N, K), dtype, qs.quant_type, int(qs.blocksize), "matmul", m_bucket(M))
 
 
-def explain_matmul(A, quant_state, bias=None) -> Decision:
-    """What :func:`matmul_4bit` does with these inputs, and why."""
+def plan_verdict(config, M, N, K, blocksize, groupsize, limits, registers=None):
+    """True when ``config``'s launch plan takes an M x K by N x K problem on a device of ``limits`` (with
+    ``registers`` per thread, where known), else the plan's reason (its split-K workspace on "meta": nothing
+    is allocated)."""
+    try:
+        MatmulPlan(config, M, N, K, blocksize, groupsize, limits, registers, "meta")
+    except (UnsupportedInput, InvalidConfig) as e:
+        return str(e)
+    return True
+
+
+def _plan_verdict(config, M, N, K, blocksize, groupsize, device_index):
+    """:func:`plan_verdict` on the device, with the kernel's register count (it is compiled and loaded)."""
+    from ..kernel.arch import device_limits
+    from ..kernel.launch import load_kernel
+
+    try:
+        registers = load_kernel(config).compiled.registers
+    except Exception as e:          # a config that does not compile here transfers nowhere
+        return f"does not compile: {type(e).__name__}: {e}"
+    return plan_verdict(config, M, N, K, blocksize, groupsize, device_limits(device_index), registers)
+
+
+_first_use: list = [None]
+
+
+def set_first_use_hook(fn) -> None:
+    """``fn(A, qs, bias, B) -> bool`` is called on the first call of a problem the serving table holds no entry
+    for (nf4tune.tune.autotune installs it for ``NF4TUNE_AUTOTUNE=1``); True means it added one (the table
+    was reloaded). None removes it."""
+    _first_use[0] = fn
+
+
+class _Served:
+    """One (weight, M, dtype, device) served by the fused kernel: the packed launch and what a call
+    must still check."""
+
+    __slots__ = ("launch", "plan", "N", "order_free")
+
+    def __init__(self, launch, plan, N):
+        self.launch, self.plan, self.N = launch, plan, N
+        self.order_free = plan.order_free
+
+
+#: the decision of a (weight, M, dtype, device) that bnb serves, kept like a served entry
+BNB = object()
+
+
+class _Weight:
+    """A quant_state checked once: the tensors its decisions depend on (by identity), its statistics'
+    kernel arguments, and the decision per (M, dtype, device)."""
+
+    __slots__ = ("absmax", "state2", "s2_absmax", "s2_code", "offset", "shape", "blocksize", "quant", "N", "K",
+                 "groupsize", "stats", "generation", "calls")
+
+    def __init__(self, qs):
+        st2 = qs.state2
+        self.absmax, self.state2 = qs.absmax, st2
+        self.s2_absmax = st2.absmax if st2 is not None else None
+        self.s2_code = st2.code if st2 is not None else None
+        self.offset = qs.offset if st2 is not None else None
+        self.shape, self.blocksize, self.quant = qs.shape, qs.blocksize, qs.quant_type
+        self.N, self.K = int(qs.shape[0]), int(qs.shape[1])
+        self.groupsize = int(st2.blocksize) if st2 is not None else 256
+        self.stats = stat_args(qs)
+        self.generation = _generation[0]
+        self.calls: dict = {}
+
+    def holds(self, qs) -> bool:
+        """Whether ``qs`` still holds the tensors this was prepared from."""
+        st2 = qs.state2
+        return (qs.absmax is self.absmax and st2 is self.state2 and self.generation == _generation[0]
+                and (st2 is None or (st2.absmax is self.s2_absmax and st2.code is self.s2_code
+                                     and qs.offset is self.offset)))
+
+
+def _weight(qs) -> _Weight:
+    w = qs.__dict__.get("_nf4tune_weight")
+    if w is None or not w.holds(qs):
+        w = _Weight(qs)
+        qs.__dict__["_nf4tune_weight"] = w
+    return w
+
+
+def _prepare(w: _Weight, qs, A, M: int, bias, B=None):
+    """The decision for a new (M, dtype, device) of weight ``w``: a :class:`_Served`, or :data:`BNB` with its
+    reason counted by the caller. Raises bnb's errors for calls bnb would refuse."""
     import torch
 
+    N, K, dtype = check_matmul_inputs(A, qs, bias)
+    if torch.cuda.is_current_stream_capturing():
+        # the decision and the plan are made on the first call (kernels load, workspaces are allocated), which
+        # must come before a CUDA-graph capture (warm up first): bnb serves this call, the next one outside a
+        # capture decides
+        return None
+    index = A.get_device()
+    problem = problem_of(qs, dtype, N, K, M)
+
+    def accepts(config):
+        return _plan_verdict(config, problem.m, N, K, w.blocksize, w.groupsize, index)
+
+    gpu = gpu_name(index)
+    hook = _first_use[0]
+    if (hook is not None and B is not None and not getattr(declined, "on", False)
+            and _table.current_table().entry(gpu, problem) is None):
+        hook(A, qs, bias, B)
+    d = serve_decision(gpu, problem, accepts)
+    if not d.served:
+        return BNB
+    from ..kernel.arch import device_limits
+    from ..kernel.launch import PackedLaunch, load_kernel
+
+    with torch.cuda.device(index):
+        kernel = load_kernel(d.choice.config)
+        try:
+            plan = MatmulPlan(d.choice.config, M, N, K, w.blocksize, w.groupsize, device_limits(index),
+                              kernel.compiled.registers, A.device)
+        except UnsupportedInput:
+            return BNB
+        plan.check_stats(w.stats)
+        return _Served(PackedLaunch(kernel, plan), plan, N)
+
+
+def served_call(A, qs, M: Optional[int] = None, bias=None, B=None):
+    """The prepared entry of this call's (weight, M, dtype, device): a :class:`_Served`, or :data:`BNB`.
+    Built on the first call of the key (bnb's checks, the decision, the plan), looked up afterwards."""
+    w = _weight(qs)
+    if M is None:
+        M = A.numel() // w.K if A.shape[-1] == w.K else 0
+    key = (M, A.dtype, A.get_device())
+    s = w.calls.get(key)
+    if s is None:
+        if not 1 <= M <= MAX_M:
+            s = BNB
+        else:
+            try:
+                s = _prepare(w, qs, A, M, bias, B)
+            except UnsupportedInput:
+                s = BNB
+            if s is None:            # not decided here (a CUDA-graph capture): bnb serves this call only
+                return BNB
+        w.calls[key] = s
+    return s
+
+
+def _launch(s: _Served, w: _Weight, A, B, out, bias):
+    """Per-call checks that the entry cannot hold (A's and B's layout, ``out``, ``bias``), then the launch.
+    Returns the output, or None when this call's tensors are ones the kernel cannot take."""
+    if not A.is_contiguous():
+        A = A.contiguous()
+    a = A.data_ptr()
+    with _no_torch_function():       # bnb's Params4bit reads each attribute through __torch_function__ (~4 us)
+        b = B.data_ptr()
+        if b & 15 or not B.is_contiguous() or B.numel() * B.element_size() < s.plan.N * s.plan.K // 2:
+            return None
+    if a & 15:
+        return None
+    if bias is not None:
+        if bias.dtype != A.dtype or bias.numel() != s.N or not bias.is_contiguous():
+            return None
+        bias_ptr = bias.data_ptr()
+    else:
+        bias_ptr = 0
+    if out is None:
+        out = A.new_empty((*A.shape[:-1], s.N))          # A's dtype and device: fewer arguments to parse
+    elif out.dtype != A.dtype or out.numel() != A.numel() // s.plan.K * s.N or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {A.dtype} tensor of shape {(*A.shape[:-1], s.N)}, got "
+                         f"{out.dtype} {tuple(out.shape)}")
+    if not s.order_free and _deterministic():
+        return None
+    st = w.stats
+    s.launch((a, b, st[0], st[1], st[2], st[3], st[4], bias_ptr, out.data_ptr()), _raw_stream(A.get_device()))
+    _runtime._counts["matmul_calls"] += 1
+    return out
+
+
+def fused_or_none(A, B, qs, out=None, bias=None):
+    """The fused kernel's result for bnb's grad-free ``matmul_4bit(A, B, qs, out, bias)``, or None when bnb
+    should serve this call (decided once per weight and M; the caller counts and calls bnb)."""
+    s = served_call(A, qs, bias=bias, B=B)
+    if s is BNB:
+        return None
+    return _launch(s, qs.__dict__["_nf4tune_weight"], A, B, out, bias)
+
+
+def run_bnb(fn, *args):
+    """``fn(*args)``, bnb's own function for a call the fused kernel declined: counted as ``matmul_bnb``, and
+    with :data:`declined` set so that nothing under it asks again."""
+    _runtime._counts["matmul_bnb"] += 1
+    declined.on = True
+    try:
+        return fn(*args)
+    finally:
+        declined.on = False
+
+
+def _bnb_matmul(A, B, quant_state, out, bias):
+    import torch
+    import bitsandbytes as bnb
+
+    with torch.no_grad():
+        return bnb.matmul_4bit(A, B, quant_state, out=out, bias=bias)
+
+
+def matmul_4bit(A, B, quant_state, out=None, bias=None):
+    """bnb's grad-free ``matmul_4bit(A, B, quant_state, out, bias)`` (B as bnb receives it, e.g.
+    ``layer.weight.t()``): the tuned fused kernel where it was measured faster than bnb (or a tuned
+    neighbour's config transfers), bnb's own path elsewhere (counted as ``matmul_bnb``). Errors are bnb's
+    kinds."""
+    if A.is_cuda and quant_state is not None and quant_state.shape is not None and len(quant_state.shape) == 2:
+        y = fused_or_none(A, B, quant_state, out, bias)
+        if y is not None:
+            return y
+        return run_bnb(_bnb_matmul, A, B, quant_state, out, bias)
+    _runtime.count("cpu_handoffs")
+    return _bnb_matmul(A, B, quant_state, out, bias)
+
+
+def explain_matmul(A, quant_state, bias=None) -> Decision:
+    """What :func:`matmul_4bit` does with these inputs, and why: which rule served (exact entry, transfer
+    from which tuned problem) or why bnb serves."""
     if not A.is_cuda:
         return Decision(False, None, f"{A.device} tensors: bnb's own matmul_4bit")
     try:
@@ -97,113 +365,55 @@ def explain_matmul(A, quant_state, bias=None) -> Decision:
     except UnsupportedInput as e:
         return Decision(False, None, f"{e}")
     M = A.numel() // K
-    if M > 64:
-        return Decision(False, None, f"M={M} is past the decode buckets (<= 64): bnb serves it")
-    d = serve_decision(torch.cuda.get_device_name(A.device.index), _problem_of(A, quant_state, dtype, N, K))
-    if d.served and torch.are_deterministic_algorithms_enabled():
-        # the plan serving would build (its parts), its workspace on "meta"
-        _, plan = _new_plan(d.choice.config, M, N, K, quant_state, A.device, workspace_device="meta")
-        if not plan.order_free:
-            return Decision(False, d.choice, nondeterministic_reason(plan))
+    if M > MAX_M:
+        return Decision(False, None, f"M={M} is past the decode buckets (<= {MAX_M}): bnb serves it")
+    w = _weight(quant_state)
+    problem = problem_of(quant_state, dtype, N, K, M)
+    index = A.get_device()
+    d = serve_decision(gpu_name(index), problem,
+                       lambda c: _plan_verdict(c, problem.m, N, K, w.blocksize, w.groupsize, index))
+    if d.served:
+        s = served_call(A, quant_state, M, bias)
+        if s is BNB:
+            return Decision(False, d.choice, f"{d.reason}, but its launch plan refuses M={M}: bnb serves it")
+        if not s.order_free and _deterministic():
+            return Decision(False, d.choice, nondeterministic_reason(s.plan))
     return d
 
 
-def _new_plan(config, M, N, K, qs, device, workspace_device=None):
-    """The loaded kernel of ``config`` and its launch plan on ``device`` (stream-K's grid follows the
-    kernel's registers); the split-K workspace on ``workspace_device`` (default: ``device``)."""
-    from ..kernel.arch import device_limits
-    from ..kernel.launch import load_kernel
-
-    g = int(qs.state2.blocksize) if qs.state2 is not None else 256
-    kernel = load_kernel(config)
-    return kernel, MatmulPlan(config, M, N, K, int(qs.blocksize), g, device_limits(device.index),
-                              kernel.compiled.registers, workspace_device or device)
-
-
-def _plan(key, config, M, N, K, qs, device):
-    import torch
-
-    from ..kernel.launch import PackedLaunch
-
-    if torch.cuda.is_current_stream_capturing():
-        raise UnsupportedInput("the launch plan of this shape is built on its first call, which must come before "
-                               "a CUDA-graph capture (warm up first)")
-    with torch.cuda.device(device):
-        kernel, plan = _new_plan(config, M, N, K, qs, device)
-        built = (PackedLaunch(kernel, plan), plan)
-    with _lock:
-        _plans[key] = built
-    return built
-
-
-def _fused(A, B, qs, out, bias):
-    """The fused kernel's result, or UnsupportedInput saying why bnb must serve this call."""
-    import torch
-
-    N, K, dtype = check_matmul_inputs(A, qs, bias)
-    M = A.numel() // K
-    if M < 1 or M > 64:
-        raise UnsupportedInput(f"M={M} is outside the decode buckets 1..64")
-    d = serve_decision(torch.cuda.get_device_name(A.device.index), _problem_of(A, qs, dtype, N, K))
-    if not d.served:
-        raise UnsupportedInput(d.reason)
-    config = d.choice.config
-    key = (A.device.index, M, N, K, dtype, qs.quant_type, int(qs.blocksize), qs.state2 is not None, config)
-    launch, plan = _plans.get(key) or _plan(key, config, M, N, K, qs, A.device)
-    if not plan.order_free and torch.are_deterministic_algorithms_enabled():
-        raise UnsupportedInput(nondeterministic_reason(plan))
-    A2 = A if A.is_contiguous() else A.contiguous()
-    Bflat = B.reshape(-1) if B.is_contiguous() else B.contiguous().reshape(-1)
-    y = out if out is not None else torch.empty((*A.shape[:-1], N), dtype=A.dtype, device=A.device)
-    if y.dtype != A.dtype or tuple(y.shape) != (*A.shape[:-1], N):
-        raise ValueError(f"out must be {A.dtype} of shape {(*A.shape[:-1], N)}, got {y.dtype} {tuple(y.shape)}")
-    plan.check_call(A2, Bflat, y)
-    s = stat_args(qs)
-    plan.check_stats(s)
-    launch((A2.data_ptr(), Bflat.data_ptr(), s[0], s[1], s[2], s[3], s[4],
-            bias.data_ptr() if bias is not None else 0, y.data_ptr()), _runtime._raw_stream(A.device.index))
-    _runtime._counts["matmul_calls"] += 1
+def served_gemm(A, B, shapeB, blocksize, quant_type, bias, qs_of):
+    """The bnb patch's entry under bnb's torch op (``gemm_4bit``: torch.compile and CUDA-graph capture
+    come this way): the fused result, or None when bnb should run (counted). ``qs_of()`` gives the weight's
+    QuantState, built once from bnb's separate statistics and kept."""
+    if not A.is_cuda or len(shapeB) != 2 or _dtype_name(A.dtype) is None:
+        _runtime._counts["matmul_bnb"] += 1
+        return None
+    qs = qs_of()
+    y = fused_or_none(A, B, qs, None, bias)
+    if y is None:
+        _runtime._counts["matmul_bnb"] += 1
     return y
 
 
-def matmul_4bit(A, B, quant_state, out=None, bias=None):
-    """bnb's grad-free ``matmul_4bit(A, B, quant_state, out, bias)`` (B as bnb receives it, e.g.
-    ``layer.weight.t()``): the tuned fused kernel where it was measured faster than bnb, bnb's
-    own path elsewhere (counted as ``matmul_bnb``). Errors are bnb's kinds."""
-    import torch
-    import bitsandbytes as bnb
-
-    if not A.is_cuda:
-        _runtime.count("cpu_handoffs")
-        return bnb.matmul_4bit(A, B, quant_state, out=out, bias=bias)
-    try:
-        return _fused(A, B, quant_state, out, bias)
-    except UnsupportedInput:
-        _runtime.count("matmul_bnb")
-        with torch.no_grad():
-            return bnb.matmul_4bit(A, B, quant_state, out=out, bias=bias)
-
-
-def served_gemm(A, B, shapeB, blocksize, quant_type, bias, qs_of):
-    """The bnb patch's entry with bnb's ``gemm_4bit`` arguments: the fused result, or None when
-    bnb should run (not tuned, not faster, not fusable; counted). ``qs_of()`` builds (and keeps)
-    the weight's QuantState from bnb's separate statistics."""
+def _no_torch_function():
+    global _no_torch_function
     import torch
 
-    if not A.is_cuda or len(shapeB) != 2:
-        return None
-    N, K = int(shapeB[0]), int(shapeB[1])
-    M = A.numel() // max(K, 1)
-    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(A.dtype)
-    if dtype is None or K % blocksize or not 1 <= M <= 64:
-        _runtime.count("matmul_bnb")
-        return None
-    problem = Problem((N, K), dtype, quant_type, int(blocksize), "matmul", m_bucket(M))
-    if not serve_decision(torch.cuda.get_device_name(A.device.index), problem).served:
-        _runtime.count("matmul_bnb")
-        return None
-    try:
-        return _fused(A, B, qs_of(), None, bias)
-    except UnsupportedInput:
-        _runtime.count("matmul_bnb")
-        return None
+    _no_torch_function = torch._C.DisableTorchFunctionSubclass
+    return _no_torch_function()
+
+
+def _deterministic():
+    global _deterministic
+    import torch
+
+    _deterministic = torch.are_deterministic_algorithms_enabled
+    return _deterministic()
+
+
+def _raw_stream(idx):
+    global _raw_stream
+    import torch
+
+    _raw_stream = torch._C._cuda_getCurrentRawStream
+    return _raw_stream(idx)

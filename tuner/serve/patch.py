@@ -2,6 +2,12 @@
 
 :func:`patch_bitsandbytes` swaps, for CUDA tensors:
 
+- eager calls, above bnb's Python: ``bitsandbytes.matmul_4bit`` and ``Linear4bit.forward`` without
+  autograd go straight to :func:`nf4tune.serve.matmul.fused_or_none` (a lookup of the weight's prepared
+  launch), skipping bnb's checks, its torch.library dispatch and its per-call ``Params4bit`` accesses;
+  where bnb serves (decided once per weight and batch) they call bnb's own function, and the decision
+  is not asked again underneath. Under ``torch.compile`` (tracing) and with autograd they are bnb's;
+
 - ``bitsandbytes.functional.dequantize_4bit`` (which ``Linear4bit`` and ``matmul_4bit`` call when
   autograd is on) for :func:`nf4tune.serve.runtime.dequantize_4bit`;
 - the CUDA backend's ``_dequant_linear_fallback`` (the dequantize-then-matmul path of
@@ -23,6 +29,7 @@ import weakref
 
 from ..vocabulary import UnsupportedInput
 from . import runtime
+from .matmul import declined as _declined
 
 __all__ = ["patch_bitsandbytes", "BnbPatch"]
 
@@ -61,6 +68,56 @@ class BnbPatch:
         kernel_impl = getattr(cuda_ops, "_gemm_4bit_kernel_impl", None)
         if kernel_impl is not None:
             self._patch_gemm_kernel(cuda_ops, kernel_impl)
+        self._patch_eager()
+
+    def _patch_eager(self):
+        """bnb.matmul_4bit and Linear4bit.forward: the fused kernel's prepared launch first, for CUDA calls
+        without autograd outside torch.compile's tracing."""
+        import torch
+        import bitsandbytes as bnb
+
+        from .matmul import fused_or_none, run_bnb as declined
+
+        grad_enabled = torch.is_grad_enabled
+        compiling = torch.compiler.is_compiling
+        original_matmul = bnb.matmul_4bit
+
+        def patched_matmul_4bit(A, B, quant_state, out=None, bias=None):
+            if (quant_state is not None and not getattr(_declined, "on", False) and A.is_cuda and not compiling()
+                    and not (grad_enabled() and (A.requires_grad or (bias is not None and bias.requires_grad)))):
+                shape = quant_state.shape
+                if shape is not None and len(shape) == 2:
+                    y = fused_or_none(A, B, quant_state, out, bias)
+                    if y is not None:
+                        return y
+                    return declined(original_matmul, A, B, quant_state, out, bias)
+            return original_matmul(A, B, quant_state, out, bias)
+
+        patched_matmul_4bit.__wrapped__ = original_matmul
+        patched_matmul_4bit.__doc__ = "nf4-tune's fused matmul in place of bnb's matmul_4bit (CUDA, no autograd)."
+        self.swap(bnb, "matmul_4bit", patched_matmul_4bit)
+
+        Linear4bit = bnb.nn.Linear4bit
+        original_forward = Linear4bit.forward
+
+        def patched_forward(module, x):
+            params = module._parameters
+            w = params.get("weight")
+            qs = getattr(w, "quant_state", None)
+            if qs is not None and module.compute_type_is_set and x.is_cuda and not compiling():
+                cd = module.compute_dtype
+                bias = params.get("bias")
+                if ((cd is None or cd == x.dtype) and (bias is None or bias.dtype == x.dtype)
+                        and not (grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)))):
+                    y = fused_or_none(x, w, qs, None, bias)
+                    if y is not None:
+                        return y
+                    return declined(original_forward, module, x)
+            return original_forward(module, x)
+
+        patched_forward.__wrapped__ = original_forward
+        patched_forward.__doc__ = original_forward.__doc__
+        self.swap(Linear4bit, "forward", patched_forward)
 
     def _served_gemm(self, A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code,
                      absmax_offset):
@@ -75,6 +132,9 @@ class BnbPatch:
     def _patch_gemm_kernel(self, cuda_ops, kernel_impl):
         def patched_gemm_kernel(A, B, shapeB, absmax, blocksize, quant_type, bias=None, absmax_8bit=None,
                                 absmax_code=None, absmax_offset=None):
+            if getattr(_declined, "on", False):
+                return kernel_impl(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code,
+                                   absmax_offset)
             y = self._served_gemm(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code,
                                   absmax_offset)
             if y is not None:
@@ -95,10 +155,11 @@ class BnbPatch:
                 runtime.count("cpu_handoffs")
                 return fallback(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code,
                                 absmax_offset)
-            y = self._served_gemm(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code,
-                                  absmax_offset)
-            if y is not None:
-                return y
+            if not getattr(_declined, "on", False):
+                y = self._served_gemm(A, B, shapeB, absmax, blocksize, quant_type, bias, absmax_8bit, absmax_code,
+                                      absmax_offset)
+                if y is not None:
+                    return y
             qs = self.quant_state(QuantState, A.dtype, shapeB, absmax, blocksize, quant_type, absmax_8bit,
                                   absmax_code, absmax_offset)
             try:

@@ -154,7 +154,7 @@ def dequantize_4bit(A, quant_state=None, absmax=None, out=None, blocksize=None, 
         p = _prepare(qs, A)
     served = p.plan
     if out is None:
-        out = _torch_empty(p.shape, dtype=p.dtype, device=A.device)
+        out = A.new_empty(p.shape, dtype=p.dtype)       # A's device: fewer arguments to parse than torch.empty
     elif out.dtype is not p.dtype:
         raise ValueError(f"Expected out.dtype == {p.dtype}, got {out.dtype}")
     if not A.is_contiguous():
@@ -167,14 +167,6 @@ def dequantize_4bit(A, quant_state=None, absmax=None, out=None, blocksize=None, 
     if A.shape[0] == 1:
         return out.t()
     return out
-
-
-def _torch_empty(*args, **kw):
-    global _torch_empty
-    import torch
-
-    _torch_empty = torch.empty
-    return torch.empty(*args, **kw)
 
 
 def _raw_stream(idx):

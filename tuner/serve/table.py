@@ -2,16 +2,22 @@
 
 A table holds entries ``{gpu, family, shape, dtype, quant, blocksize, m, config}``, read from a
 JSON file written by ``nf4-tune export`` (the runtime never opens a database: ``export`` turns one
-into a table). For a problem on a GPU model it takes the exact entry, else the nearest tuned
-problem of the same family, dtype and quant type on that GPU
-(:meth:`nf4tune.vocabulary.Problem.distance`), else the family's built-in default. The serving
-source is, in this order: what :func:`use_configs` was given; ``$NF4TUNE_CONFIGS``; the table
-shipped with the package (``serve/tuned_configs.json``).
+into a table). The serving table is, in this order: what :func:`use_configs` was given;
+``$NF4TUNE_CONFIGS``; the table shipped with the package (``serve/tuned_configs.json``); with the
+per-user table (:func:`user_table_path`, what opt-in autotuning wrote) laid over it: its entries win
+where both hold a problem. The per-user table is the one table ``nf4-tune export`` does not write.
+
+Dequant (bit-exact, so any config is correct) takes the exact entry, else the nearest tuned problem
+of the same dtype and quant type on that GPU (:meth:`nf4tune.vocabulary.Problem.distance`), else the
+family's built-in default (:meth:`ConfigTable.choose`). The matmul runtime serves only what was
+measured faster than bnb: the exact entry, else a transfer from the nearest tuned neighbours
+(:meth:`ConfigTable.transfer`), else bnb.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -22,7 +28,8 @@ from ..families import get as get_family
 from ..vocabulary import InvalidConfig, Problem
 
 __all__ = ["Choice", "ConfigTable", "PACKAGED_TABLE", "TABLE_FORMAT", "use_configs", "current_table",
-           "choose_config", "on_change", "table_document"]
+           "choose_config", "on_change", "table_document",
+           "user_table_path", "reload_user_table", "shape_distance"]
 
 PACKAGED_TABLE = Path(__file__).with_name("tuned_configs.json")
 #: 1: dequant entries only (no family, no m); 2: every family
@@ -32,7 +39,7 @@ TABLE_FORMAT = 2
 @dataclass(frozen=True)
 class Choice:
     config: object                    # a nf4tune.family.Config, or None when bnb's own path serves
-    source: str                       # "exact", "nearest", "default" or "bnb"
+    source: str                       # "exact", "nearest", "transfer", "default" or "bnb"
     tuned_for: Optional[str] = None   # the problem of the table entry used
     table: str = ""
     note: str = ""
@@ -51,6 +58,15 @@ class Entry:
     config: object
     median_us: Optional[float] = None
     speedup_vs_bnb: Optional[float] = None
+    table: str = ""                   # the file it was read from
+
+
+def shape_distance(a: Problem, b: Problem) -> tuple:
+    """How far weight shape ``b`` is from ``a``: the sum of the log distances of each dimension (a
+    weight of other rows and columns is another launch geometry even at the same size), then the
+    blocksize on a log scale."""
+    return (sum(abs(math.log(x) - math.log(y)) for x, y in zip(a.shape, b.shape)) if len(a.shape) == len(b.shape)
+            else math.inf, abs(math.log2(a.blocksize) - math.log2(b.blocksize)), b.shape)
 
 
 class ConfigTable:
@@ -65,9 +81,17 @@ class ConfigTable:
                 problem = Problem(tuple(int(d) for d in e["shape"]), e["dtype"], e["quant"], int(e["blocksize"]),
                                   family.name, e.get("m"))
                 cfg = family.from_dict(e["config"])
-                self.entries.append(Entry(e["gpu"], problem, cfg, e.get("median_us"), e.get("speedup_vs_bnb")))
+                self.entries.append(Entry(e["gpu"], problem, cfg, e.get("median_us"), e.get("speedup_vs_bnb"),
+                                          origin))
             except (KeyError, TypeError, ValueError, InvalidConfig) as err:
                 raise ValueError(f"{origin}: bad entry {e!r}: {err}") from None
+
+    def overlaid(self, top: "ConfigTable") -> "ConfigTable":
+        """This table with ``top``'s entries laid over it: where both hold a (GPU, problem), ``top``'s."""
+        out = ConfigTable([], f"{top.origin} over {self.origin}")
+        mine = {(e.gpu, e.problem) for e in top.entries}
+        out.entries = list(top.entries) + [e for e in self.entries if (e.gpu, e.problem) not in mine]
+        return out
 
     @classmethod
     def from_file(cls, path) -> "ConfigTable":
@@ -107,6 +131,44 @@ class ConfigTable:
     def entry(self, gpu: str, problem: Problem) -> Optional[Entry]:
         return next((e for e in self.entries if e.gpu == gpu and e.problem == problem), None)
 
+    def neighbours(self, gpu: str, problem: Problem) -> list:
+        """The entries a transfer to ``problem`` may take from, nearest first: tuned on that GPU model for
+        the same family, dtype, quant type and batch bucket, another shape, and measured faster than bnb."""
+        same = [e for e in self.entries if e.gpu == gpu and e.problem.family == problem.family
+                and e.problem.dtype == problem.dtype and e.problem.quant == problem.quant
+                and e.problem.m == problem.m and e.problem != problem
+                and e.speedup_vs_bnb is not None and e.speedup_vs_bnb > 1.0]
+        return sorted(same, key=lambda e: shape_distance(problem, e.problem))
+
+    def transfer(self, gpu: str, problem: Problem, accepts) -> Optional[Choice]:
+        """The config of the nearest neighbour (:meth:`neighbours`) whose launch plan accepts ``problem``
+        (``accepts(config)``: True, or the reason it refuses), carried over to the problem's problem knobs;
+        None when no neighbour's config fits. Never a hand-written rule per shape."""
+        family = get_family(problem.family)
+        refused = []
+        for e in self.neighbours(gpu, problem):
+            try:
+                config = family.for_problem(e.config, problem)
+            except InvalidConfig as err:
+                refused.append(f"{e.problem.label()}: {err}")
+                continue
+            verdict = accepts(config)
+            if verdict is True:
+                return Choice(config, "transfer", e.problem.label(), e.table,
+                              f"{e.speedup_vs_bnb:.2f}x bnb on {e.problem.shape_text}")
+            refused.append(f"{e.problem.label()}: {verdict}")
+        return None
+
+
+def user_table_path() -> Path:
+    """The per-user table: what opt-in autotuning found on this machine (``$NF4TUNE_AUTOTUNE_TABLE``, else
+    ``$XDG_CACHE_HOME/nf4-tune/autotuned.json``, else ``~/.cache/nf4-tune/autotuned.json``). It is laid
+    over the serving table; ``nf4-tune export`` never writes it."""
+    if os.environ.get("NF4TUNE_AUTOTUNE_TABLE"):
+        return Path(os.environ["NF4TUNE_AUTOTUNE_TABLE"])
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "nf4-tune" / "autotuned.json"
+
 
 def table_document(entries: list) -> dict:
     """The content of a table file holding ``entries`` (what ``nf4-tune export`` writes)."""
@@ -114,7 +176,8 @@ def table_document(entries: list) -> dict:
 
 
 _lock = threading.Lock()
-_table: Optional[ConfigTable] = None
+_table: Optional[ConfigTable] = None        # what serves: _base with the per-user table laid over it
+_base: Optional[ConfigTable] = None
 _listeners: list = []
 
 
@@ -127,9 +190,10 @@ def use_configs(source=None) -> ConfigTable:
     """Serve from ``source``: a table file written by ``nf4-tune export`` (a path), or a
     :class:`ConfigTable`; None goes back to ``$NF4TUNE_CONFIGS`` / the packaged table. Later calls
     choose again."""
-    global _table
+    global _table, _base
     with _lock:
-        _table = None if source is None else _load(source)
+        _base = None if source is None else _load(source)
+        _table = None
         table = _current_locked()
     for fn in _listeners:
         fn()
@@ -143,13 +207,32 @@ def _load(source) -> ConfigTable:
 
 
 def _current_locked() -> ConfigTable:
-    global _table
+    global _table, _base
     if _table is None:
-        if os.environ.get("NF4TUNE_CONFIGS"):
-            _table = ConfigTable.from_file(os.environ["NF4TUNE_CONFIGS"])
-        else:
-            _table = ConfigTable.from_file(PACKAGED_TABLE)
+        if _base is None:
+            _base = ConfigTable.from_file(os.environ.get("NF4TUNE_CONFIGS") or PACKAGED_TABLE)
+        _table = _base
+        user = user_table_path()
+        if user.is_file():
+            try:
+                _table = _base.overlaid(ConfigTable.from_file(user))
+            except ValueError as e:
+                import warnings
+
+                warnings.warn(f"nf4-tune: the per-user table is ignored: {e} (remove {user}, or autotune again)",
+                              RuntimeWarning, stacklevel=3)
     return _table
+
+
+def reload_user_table() -> ConfigTable:
+    """Read the per-user table again (after autotuning wrote it); the runtimes drop their decisions."""
+    global _table
+    with _lock:
+        _table = None
+        table = _current_locked()
+    for fn in _listeners:
+        fn()
+    return table
 
 
 def current_table() -> ConfigTable:

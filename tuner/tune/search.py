@@ -39,7 +39,7 @@ from .trial import Measurer, TrialOutcome
 
 __all__ = ["study_name", "TrialOutcome", "Measurer", "SearchSummary", "run_search", "run_searches", "SearchRun",
            "make_sampler", "SAMPLERS", "fail_stale_trials",
-           "nearest_best", "refine_trials", "HEARTBEAT_S", "GRACE_S", "heartbeat_settings", "summarize_study",
+           "nearest_best", "warm_starts", "WARM_STARTS", "refine_trials", "HEARTBEAT_S", "GRACE_S", "heartbeat_settings", "summarize_study",
            "load_study", "space_key", "space_study_name"]
 
 SAMPLERS = ("tpe", "gp", "random", "grid")
@@ -122,7 +122,9 @@ def _storage(url: str, attempts: int = 8):
     import optuna
     from sqlalchemy.exc import SQLAlchemyError
 
-    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    from nf4tune.db._engine import bound_lock_waits, engine_kwargs, is_lock_error
+
+    kwargs = engine_kwargs(url)         # waits for another process's lock as long as the repository's engine
     beat, grace = heartbeat_settings()
     for i in range(attempts):
         try:
@@ -131,12 +133,13 @@ def _storage(url: str, attempts: int = 8):
                 storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=beat,
                                                      grace_period=grace)
             break
-        except (SQLAlchemyError, RuntimeError):
-            if i == attempts - 1:
+        except (SQLAlchemyError, RuntimeError) as e:
+            if i == attempts - 1 or is_lock_error(e):      # a lock already waited for up to the lock timeout
                 raise
             time.sleep(0.2 * (i + 1))
     if url.startswith("sqlite"):
         _serialize_sqlite_transactions(storage.engine)
+    bound_lock_waits(storage.engine)
     return storage
 
 
@@ -367,11 +370,9 @@ def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials
         # (the study name is unique in the storage, so exactly one worker does): workers that
         # reach a fresh study together would otherwise each see it empty, each queue the starts,
         # and each measure them.
-        starts = [family.builtin_default(problem)] + [family.preset(n, problem) for n in family.presets]
+        starts = warm_starts(repo, gpu_name, problem)
+        starts += [family.builtin_default(problem)] + [family.preset(n, problem) for n in family.presets]
         starts = [c for c in starts if family.in_space(c, experimental)]     # a preset may be experimental
-        near = nearest_best(repo, gpu_name, problem)
-        if near is not None and family.in_space(near, experimental):
-            starts.insert(0, near)
         own = repo.best(gpu_name, problem) if study.study_name != name else None   # a study of an older space measured it
         if own is not None:
             try:
@@ -380,7 +381,8 @@ def _run_search(problem, *, repo, storage_url, gpu_name, run, measurer, n_trials
                     starts.insert(0, c)
             except InvalidConfig:                # a config the current space no longer holds
                 pass
-        for c in dict.fromkeys(starts):
+        # at most the trials asked for (a short search measures only what is known best)
+        for c in list(dict.fromkeys(starts))[:n_trials]:
             study.enqueue_trial(family.params_from_config(c), skip_if_exists=True)
     limit = min(n_trials, family.grid_size(problem, experimental)) if sampler == "grid" else n_trials
     t0 = time.perf_counter()
@@ -511,6 +513,8 @@ def _enqueue_refinement(study, family, problem: Problem, experimental: bool = Fa
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
+    if any(t.state == TrialState.WAITING for t in trials):
+        return            # start points still queued: they run first, and the refinement follows the best of them
     tried = {tuple(sorted(t.params.items())) for t in trials if t.params}
     tried |= {tuple(sorted(t.system_attrs.get("fixed_params", {}).items())) for t in trials
               if t.state == TrialState.WAITING}
@@ -523,6 +527,49 @@ def _enqueue_refinement(study, family, problem: Problem, experimental: bool = Fa
         if tuple(sorted(p.items())) not in tried:
             study.enqueue_trial(p, skip_if_exists=True)
             return
+
+
+#: start points a new study queues from what is known (the database's and the tables' nearest problems)
+WARM_STARTS = 8
+
+
+def warm_starts(repo, gpu_name: str, problem: Problem, table=None, limit: int = WARM_STARTS) -> list:
+    """What a new study starts from, nearest first, each once, at most ``limit``: the best configs of the
+    nearest tuned problems of the same family, from the database (its problems on this GPU model) and from
+    the serving table (the packaged table and the per-user table: ``table``, default the runtime's), across
+    batch buckets; this GPU model's first, then other models'. Carried to the problem's problem knobs; a
+    config the problem's knobs make invalid is passed over."""
+    from ..serve.table import current_table, shape_distance
+
+    family = get_family(problem.family)
+    table = table if table is not None else current_table()
+    ranked = []
+    for g, p in repo.problems(gpu_name, family=problem.family):
+        if g == gpu_name and p != problem:
+            best = repo.best(gpu_name, p)
+            if best is not None:
+                ranked.append((False, p, best[0]))
+    for e in table.entries:
+        if e.problem.family == problem.family and not (e.gpu == gpu_name and e.problem == problem):
+            ranked.append((e.gpu != gpu_name, e.problem, e.config.to_dict()))
+
+    def rank(item):
+        other_gpu, p, _ = item
+        return (other_gpu, p.dtype != problem.dtype, p.quant != problem.quant,
+                abs((p.m or 1).bit_length() - (problem.m or 1).bit_length()),
+                shape_distance(problem, p) if len(p.shape) == len(problem.shape) else (abs(p.numel - problem.numel),))
+
+    out: list = []
+    for _, _, knobs in sorted(ranked, key=rank):
+        try:
+            c = family.for_problem(family.from_dict(knobs), problem)
+        except InvalidConfig:
+            continue
+        if c not in out:
+            out.append(c)
+        if len(out) == limit:
+            break
+    return out
 
 
 def nearest_best(repo, gpu_name: str, problem: Problem):
