@@ -208,7 +208,7 @@ def test_the_distribution_installs_one_import_name(tmp_path):
     import sys
     import zipfile
 
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
                         str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     (wheel,) = tmp_path.glob("nf4_tune-*.whl")
