@@ -49,11 +49,13 @@
 //   NF4T_TABLE64        1: the pair table at the first 64 KiB-aligned shared address of the dynamic shared
 //                       memory, so the PRMT that puts the byte in bits 8-15 and the lane's offset in bits 0-7
 //                       also copies the table's upper address bits from the lane register: its result IS the
-//                       LDS address, nothing is added (with a base added, ptxas folded the add into the LDS in
-//                       some variants and emitted one IMAD.IADD per byte in others: 11.3 against 8.3 bytes of
-//                       W per warp-instruction for the same source shape). Takes 128 KiB of dynamic shared
-//                       memory (A's stage below the table when it fits there, else above): one CTA an SM.
-//                       0: the table at the start of the dynamic shared memory, A's stage after it.
+//                       LDS address, whatever ptxas does with a base (a prototype of this kernel saw one
+//                       IMAD.IADD per byte where the base was added: 8.3 against 11.3 bytes of W per
+//                       warp-instruction). Takes 128 KiB of dynamic shared memory (A's stage below the table
+//                       when it fits there, else above): one CTA an SM.
+//                       0: the table at the start of the dynamic shared memory, A's stage after it (64 KiB +
+//                       the stage: more CTAs an SM). NVRTC 13.5 (sm_90, 2026-12-07) folded the base into the
+//                       LDS ([R+UR]) in every variant counted: within 1% of table64 1's count.
 //   NF4T_LUT            NF4T_LUT_PAIRX only; NF4T_LOAD_BYTES is not read (the runs follow PART and MB).
 // Full warps with nested statistics, blocksize == PART and (MB 1) K a multiple of 2 x PART run a cursor path
 // (per row a W pointer, an absmax-byte pointer, one 16-bit load giving blocks 2t and 2t+1 at MB 1, a block
@@ -502,7 +504,8 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
 #pragma unroll
     for (int nt = 0; nt < COLS_NT; ++nt)
         in[nt] = L.g / COLS_MB == L.t % COLS_NP && nt * COLS_MB + L.g % COLS_MB < mrows;
-    a_lane = st_base + (L.g % COLS_MB) * pitch + (L.t % COLS_NP) * COLS_PSTR + (L.t / COLS_NP) * (4u * NF4T_PART / COLS_MB);
+    a_lane = st_base + (L.g % COLS_MB) * pitch + (L.t % COLS_NP) * COLS_PSTR +
+             (L.t / COLS_NP) * (4u * NF4T_PART / COLS_MB);
     nt_stride = COLS_MB * pitch;
 #endif
 #pragma unroll

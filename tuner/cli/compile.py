@@ -138,25 +138,21 @@ def run_served(args, arch, cache) -> int:
 
     origin, served = _served_configs(args)
     configs = list(served)
+    def source(c):
+        return c.family.name, tuple(sorted(c.source_knobs().items()))
+
     failed = {}                    # (family, source knobs) -> the compile error
     for name in sorted({c.family.name for c in configs}):
         mine = [c for c in configs if c.family.name == name]
         summary = compiler.compile_many(mine, arch, workers=args.workers, cache_dir=cache,
                                         progress=None if args.quiet else progress_printer(f"compile {name} {arch}"))
-        failed.update({(name, c.to_json()): err for c, err in summary.failures})
-
-    def error(c):
-        rep = c.family.distinct_sources([c])
-        key = next(iter(rep))
-        return next((err for (fam, js), err in failed.items()
-                     if fam == c.family.name and next(iter(c.family.distinct_sources([c.family.from_json(js)]))) == key),
-                    None)
+        failed.update({source(c): err for c, err in summary.failures})
 
     rows = []
     for c in configs:
         row = dict(family=c.family.name, config=c.to_dict(), label=c.short(), served_for=_served_for(served[c]),
                    m=min((e.problem.m for e in served[c] if e.problem.m is not None), default=None))
-        err = error(c) if failed else None
+        err = failed.get(source(c))
         if err:
             row.update(error=err.splitlines()[0])
         else:

@@ -105,10 +105,13 @@ COLS_TABLE_BYTES = 256 * 256
 COLS_STAGE_BELOW = 60000
 
 
-def cols_registers(part, cols_mb, rows_per_warp, prefetch) -> int:
-    """32-bit registers of W the column tensor-core path (mma-cols) holds: a window's part / cols_mb bytes per
-    lane and row (rows g and g + 8 of each m16 tile); two window sets with the prefetch."""
-    return (1 + prefetch) * (rows_per_warp // 16) * 2 * (part // cols_mb // 4)
+def cols_registers(part, cols_mb, rows_per_warp, prefetch, mtile) -> int:
+    """32-bit registers the column tensor-core path (mma-cols) holds for its windows (an estimate the space
+    bounds; the rest of the kernel takes about 50 more): W, a window's part / cols_mb bytes per lane and row
+    (rows g and g + 8 of each m16 tile), two window sets with the prefetch; the accumulators, a window's sums
+    and the totals, 4 each per (m16 tile, n8 tile); A's operand chunk, 4 per n8 tile."""
+    rt, nt = rows_per_warp // 16, mtile // cols_mb
+    return (1 + prefetch) * rt * 2 * (part // cols_mb // 4) + 2 * 4 * rt * nt + 4 * nt
 
 
 def cols_window(part, cols_mb) -> int:

@@ -23,7 +23,7 @@ from .resources import bulk_ring_bytes, cols_registers, ks_registers, ring_bytes
 __all__ = ["KNOBS", "CONSTRAINTS", "PRESETS", "STRUCTURES", "HEADERS", "PAIR16_LUTS", "DYN_TABLE_LUTS",
            "DYN_TABLE_BYTES", "FLOAT_PAIR_LUTS", "ROWS_LUTS", "ROWS_MAX_LOAD_REGISTERS",
            "ROWS_MAX_LOAD_REGISTERS_TWO_AHEAD", "KS_MAX_LOAD_REGISTERS", "KS_MAX_RING_BYTES", "REGCAPS",
-           "COLS_MAX_LOAD_REGISTERS", "COLS_MAX_TILES", "rounded_codes", "structure"]
+           "COLS_MAX_REGISTERS", "COLS_MAX_TILES", "rounded_codes", "structure"]
 
 #: the LUTs that decode to 16-bit operand pairs (codes rounded to the activation dtype)
 PAIR16_LUTS = ("prmt", "pairx", "pairmix")
@@ -46,9 +46,10 @@ ROWS_MAX_LOAD_REGISTERS_TWO_AHEAD = 64
 KS_MAX_LOAD_REGISTERS = 128
 #: the K-split path's shared-memory ring, at most (bytes per CTA)
 KS_MAX_RING_BYTES = 160 * 1024
-#: mma-cols' registers of W in flight (two window sets with the prefetch), at most. NVRTC 13.5, sm_90, 2026-12-07:
-#: 64 (16 rows, part 64, batch 1, the prefetch) takes 134 registers; 128 (32 rows with the prefetch) 242
-COLS_MAX_LOAD_REGISTERS = 64
+#: mma-cols' registers of its windows (cols_registers: W, the accumulators, A's chunk), at most. NVRTC 13.5, sm_90,
+#: 2026-12-07: the M = 1 kernel (76) takes 134 registers; all 552 bf16/nf4 sources this admits compiled without
+#: spills (at most 252 registers); of those above it (144 and more) some spilled (255 registers, up to 3.7 KB)
+COLS_MAX_REGISTERS = 128
 #: mma-cols' n8 tiles per CTA (mtile / cols_mb), at most
 COLS_MAX_TILES = 8
 #: mma-rows' register caps (the regcap knob; 0: none). Each is the largest count that fits one more warp a
@@ -355,12 +356,12 @@ def _cols_tile(mma, mtile, cols_mb):
     return None
 
 
-def _cols_load_registers(mma, rows_per_warp, prefetch, cols_mb, part):
+def _cols_registers(mma, rows_per_warp, mtile, prefetch, cols_mb, part):
     if mma != "mma-cols":
         return None
-    regs = cols_registers(part, cols_mb, rows_per_warp, prefetch)
-    if regs > COLS_MAX_LOAD_REGISTERS:
-        return f"{regs} registers of W in flight exceed {COLS_MAX_LOAD_REGISTERS} (mma-cols)"
+    regs = cols_registers(part, cols_mb, rows_per_warp, prefetch, mtile)
+    if regs > COLS_MAX_REGISTERS:
+        return f"{regs} registers of windows (W, sums, A) exceed {COLS_MAX_REGISTERS} (mma-cols)"
     return None
 
 
@@ -379,8 +380,8 @@ KNOBS = (
          help="rows of W per warp (SIMT: loads in flight; MMA: m16 tiles), all reusing one load of A"),
     Knob("mtile", (1, 2, 4, 8, 16, 32), refine=7, label="m{}", help="rows of A per CTA"),
     Knob("warps", (1, 2, 4, 8, 12, 14, 16), "launch", default=4, refine=1, label="w{}",
-         help="warps per CTA (12, 14, 16: SIMT and mma-rows only, one pair table and one stage of A for more warps; 12 and 14 "
-              "change how many rows a wave of resident CTAs covers, and so the last wave's fill)"),
+         help="warps per CTA (12, 14, 16: SIMT, mma-rows and mma-cols only, one pair table and one stage of A for more "
+              "warps; 12 and 14 change how many rows a wave of resident CTAs covers, and so the last wave's fill)"),
     Knob("ksplit", (1, 2, 4, 8, 16), "launch", refine=0, label="k/{}",
          help="split-K: slices of K over CTAs, summed by fp32 atomics, the last CTA finishing the tile; "
               "mma-rows with persist (stream-K): CTAs per resident slot (its runs are that much shorter)"),
@@ -467,8 +468,8 @@ CONSTRAINTS = (
     Constraint(("mma", "astage"), _astage_path),
     Constraint(("mma", "cols_mb", "part", "table64"), _cols_knobs),
     Constraint(("mma", "mtile", "cols_mb"), _cols_tile),
-    Constraint(("mma", "rows_per_warp", "prefetch", "cols_mb", "part"), _cols_load_registers,
-               help=f"mma-cols: W in flight (cols_registers) <= {COLS_MAX_LOAD_REGISTERS} registers"),
+    Constraint(("mma", "rows_per_warp", "mtile", "prefetch", "cols_mb", "part"), _cols_registers,
+               help=f"mma-cols: the windows' registers (cols_registers: W, sums, A) <= {COLS_MAX_REGISTERS}"),
     Constraint(("mma", "load_bytes", "span"), _rows_span_parts),
     Constraint(("mma", "load_bytes", "rows_per_warp", "unroll", "prefetch", "span"), _rows_load_registers,
                help=f"mma-rows: loads in flight (rows_registers) <= {ROWS_MAX_LOAD_REGISTERS} registers, "
