@@ -155,6 +155,14 @@ def test_the_plan_refuses_with_reasons():
         MatmulPlan(c, 1, 1024, 4096, 64, 256, DeviceLimits(sm_count=132), device="cpu")
     with pytest.raises(UnsupportedInput, match="registers"):
         MatmulPlan(c.replace(warps=16), 1, 1024, 4096, 64, 256, HOPPER, registers=244, device="cpu")
+    # fp32 activations: no mma-cols variant computes in fp32 (the space refuses it), and a call with them is refused
+    import torch
+    from types import SimpleNamespace
+
+    qs = SimpleNamespace(shape=(1024, 4096), blocksize=64, quant_type="nf4", state2=None)
+    fp32 = SimpleNamespace(A=torch.zeros(1, 4096, dtype=torch.float32), qs=qs, bias=None)
+    with pytest.raises(UnsupportedInput, match="A is fp32, this variant computes in bf16"):
+        MM.plan_for(c, fp32, HOPPER, None)
     # cols_mb 1 loads two absmax bytes at once: their pointer must be even (checked per call)
     p = MatmulPlan(c, 1, 1024, 4096, 64, 256, HOPPER, device="cpu")
     p.check_stats((4096, 256, 512, 0, 1024))

@@ -49,7 +49,7 @@
 //   NF4T_TABLE64        1: the pair table at the first 64 KiB-aligned shared address of the dynamic shared
 //                       memory, so the PRMT that puts the byte in bits 8-15 and the lane's offset in bits 0-7
 //                       also copies the table's upper address bits from the lane register: its result IS the
-//                       LDS address, whatever ptxas does with a base (a prototype of this kernel saw one
+//                       LDS address, whatever ptxas does with a base (an earlier version of this kernel got one
 //                       IMAD.IADD per byte where the base was added: 8.3 against 11.3 bytes of W per
 //                       warp-instruction). Takes 128 KiB of dynamic shared memory (A's stage below the table
 //                       when it fits there, else above): one CTA an SM.
