@@ -246,22 +246,22 @@ def compare_snapshots(before, after) -> list:
     def rows(folder):
         return json.loads((Path(folder) / "index.json").read_text())
 
-    def key(family, knobs):
+    def ident(family, knobs):
         return json.dumps([family, knobs], sort_keys=True)
 
-    a = {key(r["family"], r["knobs"]): r for r in rows(before)}
+    a = {ident(r["family"], r["knobs"]): r for r in rows(before)}
     known = {r["family"]: set(r["knobs"]) for r in rows(before)}
     b = {}
     for r in rows(after):
         old = known.get(r["family"], set(r["knobs"]))
         defaults = get(r["family"]).defaults
         if all(v == defaults.get(k) for k, v in r["knobs"].items() if k not in old):
-            b[key(r["family"], {k: v for k, v in r["knobs"].items() if k in old})] = r
+            b[ident(r["family"], {k: v for k, v in r["knobs"].items() if k in old})] = r
     out = []
-    for key_, r in a.items():
-        s = b.get(key_)
+    for key, r in a.items():
+        s = b.get(key)
         if s is None:
-            out.append(f"missing: {key_}")
+            out.append(f"missing: {key}")
         elif (Path(before) / r["file"]).read_bytes() != (Path(after) / s["file"]).read_bytes():
-            out.append(f"different SASS: {key_} ({r['file']} / {s['file']}, {r['registers']} / {s['registers']} registers)")
+            out.append(f"different SASS: {key} ({r['file']} / {s['file']}, {r['registers']} / {s['registers']} registers)")
     return out
