@@ -511,16 +511,20 @@ def test_the_pruned_walk_finds_exactly_the_product_filtered_by_every_constraint(
         gset = set(group)
         rules = [c for c in fam.constraints if set(c.knobs) & gset]
         doms = [domains[k] for k in group]
+        slices = [domains]
         if math.prod(len(d) for d in doms) > 300_000:
-            # the matmul's large group: the brute force over a slice (path and table fixed), same rules
-            fix = {"mma": ("mma-ks",), "lut": ("pairx",), "regcap": (0,), "prmt_quarters": (0,), "achunk": (0,),
-                   "span": (1,), "warps": (4, 8)}
-            domains = dict(domains, **fix)
-            doms = [domains[k] for k in group]
-        brute = [combo for combo in itertools.product(*doms)
-                 if all(c.violation(dict(problem, **dict(zip(group, combo)))) is None for c in rules)]
-        walked = fam._walk_group(group, problem, domains)
-        assert walked == brute and brute, group
+            # the matmul's large group: the brute force over slices (path and table fixed), same rules
+            fix = {"lut": ("pairx",), "regcap": (0,), "prmt_quarters": (0,), "achunk": (0,), "span": (1,),
+                   "warps": (4, 8)}
+            slices = [dict(domains, **fix, mma=("mma-ks",), cols_mb=(1,), part=(64,), table64=(1,)),
+                      dict(domains, **fix, mma=("mma-cols",), load_bytes=(16,), stages=(0,), feed=("lanes",),
+                           ksplit=(1, 2), unroll=(1,), persist=(0,))]
+        for sliced in slices:
+            doms = [sliced[k] for k in group]
+            brute = [combo for combo in itertools.product(*doms)
+                     if all(c.violation(dict(problem, **dict(zip(group, combo)))) is None for c in rules)]
+            walked = fam._walk_group(group, problem, sliced)
+            assert walked == brute and brute, group
 
 
 def test_registers_refusal_counts_the_busiest_sub_partition():
