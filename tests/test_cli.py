@@ -63,15 +63,15 @@ def test_space_counts_the_matmul_family_from_its_declaration(capsys):
     default, whole = MATMUL.count(), MATMUL.count(experimental=True)
     assert f"configurations: {default.configs}\n" in out and f"distinct CUDA sources: {default.sources}\n" in out
     assert f"with --experimental: {whole.configs} configurations, {whole.sources} distinct CUDA sources" in out
-    assert "mma*" in out and "bulk*" in out and "(mma, warps): warps 12, 14, 16: SIMT and mma-rows only" in out
+    assert "mma*" in out and "bulk*" in out and "(mma, warps): warps 12, 14, 16: SIMT, mma-rows and mma-cols only" in out
     assert "matmul/mma_rows.cu" in out
     assert cli.main(["space", "--family", "matmul", "--experimental", "--dtype", "bf16", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["experimental"] and d["count"]["exact"] and "whole_space" not in d
     assert (d["size"], d["distinct_sources"]) == (MATMUL.space_size(experimental=True, dtype=["bf16"]),
                                                  MATMUL.count(experimental=True, dtype=["bf16"]).sources)
-    assert d["knobs"]["mma"]["experimental"] == ["mma"] and d["knobs"]["load_bytes"]["macro"] == "NF4T_LOAD_BYTES"
-    assert {"knobs": ["mma", "warps"], "help": "warps 12, 14, 16: SIMT and mma-rows only."} in d["constraints"]
+    assert d["knobs"]["mma"]["experimental"] == ["mma", "mma-cols"] and d["knobs"]["load_bytes"]["macro"] == "NF4T_LOAD_BYTES"
+    assert {"knobs": ["mma", "warps"], "help": "warps 12, 14, 16: SIMT, mma-rows and mma-cols only."} in d["constraints"]
 
 
 def test_compile_takes_experimental_values_when_asked(tmp_path, capsys):
@@ -174,6 +174,43 @@ def test_compile_cover_compiles_a_covering_sample_and_says_so(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["compile", "--arch", "sm_90", "--cover", "0"])
     assert e.value.code == 2 and "--cover: 0 must be at least 1" in capsys.readouterr().err
+
+
+def test_compile_served_prints_registers_spills_and_bytes_of_w_per_instruction(tmp_path, capsys):
+    """`compile --served` compiles the serving table's configs (here a table of today's served H100 M = 1 config,
+    mma-cols' M = 1 config and a dequant config) and prints each one's registers, spills and, for matmul, the
+    bytes of W per warp-instruction of its steady-state loop; mma-cols' is the larger. --table goes with
+    --served, which takes no space options."""
+    from nf4tune.families import MATMUL
+
+    served = MATMUL.config(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=8, ksplit=4, lut="pairx",
+                           astage="shared", unroll=2, prefetch=1, span=2, m=1)
+    cols = MATMUL.config(mma="mma-cols", lut="pairx", astage="shared", rows_per_warp=16, mtile=1, warps=8,
+                         prefetch=1, m=1)
+    entry = dict(gpu="NVIDIA H100 80GB HBM3", family="matmul", shape=[8192, 8192], dtype="bf16", quant="nf4",
+                 blocksize=64, m=1, median_us=30.0, speedup_vs_bnb=1.5)
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps(dict(format=2, entries=[
+        dict(entry, config=served.to_dict()), dict(entry, gpu="GPU X", config=cols.to_dict()),
+        dict(entry, family="dequant", m=None, shape=[4096, 4096], config=DEQUANT.preset("blog", dtype="bf16",
+                                                                                         quant="nf4").to_dict())])))
+    argv = ["compile", "--served", "--table", str(table), "--arch", "sm_90", "--cache", str(tmp_path / "c"), "--quiet"]
+    assert cli.main(argv + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["label"]: r for r in out["configs"]}
+    assert out["arch"] == "sm_90" and out["failures"] == 0 and len(rows) == 3
+    s, c = rows[served.short()], rows[cols.short()]
+    assert c["bytes_per_instruction"] >= 9 and c["bytes_per_instruction"] > s["bytes_per_instruction"] > 0
+    assert s["served_for"] == "H100 80GB HBM3: 8192x8192" and s["registers"] > 0 and s["spill_stores"] == 0
+    assert s["loop"]["w_bytes_per_lane"] == 64 and c["loop"]["hmma"] == 64
+    assert [r.get("bytes_per_instruction") for r in out["configs"] if r["family"] == "dequant"] == [None]
+    assert cli.main(argv + ["--family", "matmul"]) == 0
+    text = capsys.readouterr().out
+    assert "B/instr" in text and f"{c['bytes_per_instruction']:.2f}" in text and "dequant" not in text.split("\n", 2)[2]
+    assert cli.main(argv + ["--cover", "2"]) == 2
+    assert "--served compiles the serving table's configs: --cover" in capsys.readouterr().err
+    assert cli.main(["compile", "--table", str(table), "--arch", "sm_90"]) == 2
+    assert "--table goes with --served" in capsys.readouterr().err
 
 
 def _h200_copy(tmp_path):

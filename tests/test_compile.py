@@ -164,6 +164,67 @@ def test_sass_loops_count_the_body_and_the_first_arms():
     assert len(loops("\n".join(lines), min_len=2)) == 2
 
 
+def _listing(*loops_text) -> str:
+    """A hand-written SASS listing: each loop a label, its body and a backward branch to the label."""
+    lines, addr = ["        /*0000*/                   S2R R0, SR_TID.X ;"], 0x10
+    for i, body in enumerate(loops_text):
+        lines.append(f".L_x_{i}:")
+        for text in body + [f"@P1 BRA `(.L_x_{i})"]:
+            lines.append(f"        /*{addr:04x}*/                   {text} ;")
+            addr += 0x10
+    lines.append(f"        /*{addr:04x}*/                   EXIT ;")
+    return "\n".join(lines)
+
+
+def test_the_steady_loop_is_the_inner_unchecked_nested_loop_and_its_w_bytes_per_instruction():
+    """nf4tune.kernel.sass.steady_loop on a hand-written listing: of the loops that load W by streaming loads
+    (LDG .NA), the one that loads nested statistics (8- or 16-bit loads) and has no predicated (bounds-checked)
+    global loads; its W bytes are the widths of its W loads (16 + 16 + 8 per lane), its density 32 x bytes /
+    instructions. A loop without W loads is none; a listing without any is a ValueError."""
+    from nf4tune.kernel.sass import load_width, steady_loop
+
+    stats = ["LDG.E.U8.CONSTANT R9, desc[UR4][R10.64]", "LDG.E.CONSTANT R11, desc[UR4][R12.64]"]
+    checked = ["@!P0 LDG.E.NA.128.CONSTANT R4, desc[UR4][R2.64]"] + stats + ["HMMA.16816.F32.BF16 R20, R4, R8, R20"] * 4
+    plain = ["LDG.E.NA.128.CONSTANT R4, desc[UR4][R2.64]", "LDG.E.CONSTANT R11, desc[UR4][R12.64]"] + [
+        "HMMA.16816.F32.BF16 R20, R4, R8, R20"] * 4
+    fast = (["LDG.E.NA.128.CONSTANT R4, desc[UR4][R2.64]", "LDG.E.NA.128.CONSTANT R4, desc[UR4][R2.64+0x10]",
+             "LDG.E.NA.64.CONSTANT R6, desc[UR4][R2.64+0x20]"] + stats + ["PRMT R1, R4, 0x7604, R3", "LDS R1, [R1]"] * 3
+            + ["HMMA.16816.F32.BF16 R20, R4, R8, R20"] * 4)
+    other = ["FFMA R1, R2, R3, R1"] * 12
+    d = steady_loop(_listing(checked, plain, fast, other), min_len=5)
+    assert (d.w_bytes, d.w_loads, d.nested) == (40, 3, True)
+    assert d.instructions == len(fast) + 1 and d.loop.path == d.instructions
+    assert d.bytes_per_instruction == pytest.approx(32 * 40 / (len(fast) + 1))
+    assert d.to_dict()["hmma"] == 4
+    assert steady_loop(_listing(checked, plain), min_len=5).w_loads == 1          # nested, though checked
+    assert not steady_loop(_listing(plain), min_len=5).nested
+    assert [load_width(t) for t in fast[:5]] == [16, 16, 8, 1, 4]
+    with pytest.raises(ValueError, match="streaming loads"):
+        steady_loop(_listing(other), min_len=5)
+
+
+def test_snapshots_compare_a_knob_added_since_at_its_default(tmp_path):
+    """compare_snapshots matches a config of the later snapshot that has a knob the earlier one lacks when that
+    knob is at its default (what an added knob's default must leave unchanged), and reports it missing else."""
+    import json
+
+    from nf4tune.kernel.sass import compare_snapshots
+
+    c = preset("blog")
+    before, after = tmp_path / "before", tmp_path / "after"
+    for folder, rows in ((before, [dict(family="dequant", knobs={k: v for k, v in c.to_dict().items()
+                                                                   if k != "store"}, registers=30, file="a.sass")]),
+                         (after, [dict(family="dequant", knobs=c.to_dict(), registers=30, file="a.sass")])):
+        folder.mkdir()
+        (folder / "a.sass").write_text("SASS")
+        (folder / "index.json").write_text(json.dumps(rows))
+    assert D.defaults["store"] == c.store and compare_snapshots(before, after) == []
+    rows = json.loads((after / "index.json").read_text())
+    rows[0]["knobs"]["store"] = next(v for v in D.knob("store").values if v != c.store)
+    (after / "index.json").write_text(json.dumps(rows))
+    assert [line.startswith("missing") for line in compare_snapshots(before, after)] == [True]
+
+
 def _final(shape, m, bnb_us, rows, gpu="NVIDIA H100 80GB HBM3"):
     """An exhaustive report as `bench --exhaustive -o` writes it: rows are (label, status, us, knobs)."""
     results = [dict(label="bnb matmul_4bit", config=None, status="reference", median_us=bnb_us, pct_copy=30.0)]

@@ -102,7 +102,7 @@ def test_counts_take_at_most_5_s_and_300_mb_for_every_family_and_space():
             assert c.exact and c.configs > 0 and c.sources > 0
             assert seconds < 5.0, (fam.name, experimental, seconds)
             assert peak < 300 * 2**20, (fam.name, experimental, peak)
-    assert MM.count(experimental=True).configs == 11032080 and MM.count(experimental=True).sources == 85120
+    assert MM.count(experimental=True).configs == 11109360 and MM.count(experimental=True).sources == 87328
 
 
 def test_the_space_command_answers_within_its_bounds():
@@ -118,7 +118,7 @@ def test_the_space_command_answers_within_its_bounds():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert (data["whole_space"]["size"], data["whole_space"]["distinct_sources"]) == (11032080, 85120)
+    assert (data["whole_space"]["size"], data["whole_space"]["distinct_sources"]) == (11109360, 87328)
     assert data["count"]["exact"] and data["whole_space"]["count"]["exact"]
     cpu, rss_kb = re.search(r"USAGE ([\d.]+) (\d+)", r.stderr).groups()
     assert float(cpu) < 5.0 and int(rss_kb) < 300 * 1024, (cpu, rss_kb)
@@ -173,6 +173,9 @@ def test_covering_configs_cover_sources_and_every_launch_value():
     for knob in ("warps", "ksplit", "m"):
         assert {getattr(c, knob) for c in sample} == set(MM.knob(knob).values), knob
     assert {c.mma for c in sample} == set(MM.knob("mma").values)
+    # the column structure (experimental) with every value of its own knobs: the GPU gate runs them
+    for knob in ("cols_mb", "part", "table64"):
+        assert {getattr(c, knob) for c in sample if c.mma == "mma-cols"} == set(MM.knob(knob).values), knob
 
 
 def test_every_knob_value_is_reachable():
@@ -508,16 +511,20 @@ def test_the_pruned_walk_finds_exactly_the_product_filtered_by_every_constraint(
         gset = set(group)
         rules = [c for c in fam.constraints if set(c.knobs) & gset]
         doms = [domains[k] for k in group]
+        slices = [domains]
         if math.prod(len(d) for d in doms) > 300_000:
-            # the matmul's large group: the brute force over a slice (path and table fixed), same rules
-            fix = {"mma": ("mma-ks",), "lut": ("pairx",), "regcap": (0,), "prmt_quarters": (0,), "achunk": (0,),
-                   "span": (1,), "warps": (4, 8)}
-            domains = dict(domains, **fix)
-            doms = [domains[k] for k in group]
-        brute = [combo for combo in itertools.product(*doms)
-                 if all(c.violation(dict(problem, **dict(zip(group, combo)))) is None for c in rules)]
-        walked = fam._walk_group(group, problem, domains)
-        assert walked == brute and brute, group
+            # the matmul's large group: the brute force over slices (path and table fixed), same rules
+            fix = {"lut": ("pairx",), "regcap": (0,), "prmt_quarters": (0,), "achunk": (0,), "span": (1,),
+                   "warps": (4, 8)}
+            slices = [dict(domains, **fix, mma=("mma-ks",), cols_mb=(1,), part=(64,), table64=(1,)),
+                      dict(domains, **fix, mma=("mma-cols",), load_bytes=(16,), stages=(0,), feed=("lanes",),
+                           ksplit=(1, 2), unroll=(1,), persist=(0,))]
+        for sliced in slices:
+            doms = [sliced[k] for k in group]
+            brute = [combo for combo in itertools.product(*doms)
+                     if all(c.violation(dict(problem, **dict(zip(group, combo)))) is None for c in rules)]
+            walked = fam._walk_group(group, problem, sliced)
+            assert walked == brute and brute, group
 
 
 def test_registers_refusal_counts_the_busiest_sub_partition():

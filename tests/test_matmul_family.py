@@ -44,7 +44,7 @@ def test_space_count_parametrisation_and_neighbours(m):
 
 def test_paths_and_constraints():
     every = dict(dtype=["bf16"], quant=["nf4"], m=[8])
-    assert {c.mma for c in MM.iter_space(experimental=True, **every)} == {"simt", "mma", "mma-ks", "mma-rows"}
+    assert {c.mma for c in MM.iter_space(experimental=True, **every)} == {"simt", "mma", "mma-ks", "mma-rows", "mma-cols"}
     assert {c.mma for c in MM.iter_space(**every)} == {"simt", "mma-ks", "mma-rows"}        # mma is experimental
     assert {c.mma for c in MM.iter_space(dtype=["fp32"], quant=["nf4"], m=[8])} == {"simt"}   # no fp32 MMA
     with pytest.raises(InvalidConfig, match="scales every value"):
@@ -562,7 +562,7 @@ def test_simt_a_staged_lane_major_and_16_warp_ctas(compile_cache):
     """SIMT with A staged in shared memory stages it lane-major and reads it chunk by chunk, so only one
     chunk of A is live: r4 with the pair table takes fewer registers than with A read from global memory
     (which holds the whole run), and its 16-warp CTA launches without spills. 16-warp CTAs are SIMT's only
-    (and mma-rows'); the plan sizes the pair table and the stage and runs 512 threads."""
+    (and mma-rows' and mma-cols'); the plan sizes the pair table and the stage and runs 512 threads."""
     from nf4tune.kernel.compiler import compile_config
 
     c = MM.config(load_bytes=16, rows_per_warp=4, warps=16, mtile=1, m=1, lut="pairx", astage="shared")
@@ -575,9 +575,9 @@ def test_simt_a_staged_lane_major_and_16_warp_ctas(compile_cache):
     h200 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
     plan = MatmulPlan(c, 1, 8192, 8192, 64, 256, h200, device="cpu")
     assert (plan.smem, plan.block, plan.grid) == (64 * 1024 + 8192 * 2, 512, (128, 1, 1))
-    with pytest.raises(InvalidConfig, match="SIMT and row-tile tensor-core paths only"):
+    with pytest.raises(InvalidConfig, match="SIMT, row-tile and column tensor-core paths only"):
         MM.config(mma="mma-ks", rows_per_warp=16, mtile=8, scale="block", load_bytes=8, warps=16, m=1)
-    with pytest.raises(InvalidConfig, match="SIMT and row-tile tensor-core paths only"):
+    with pytest.raises(InvalidConfig, match="SIMT, row-tile and column tensor-core paths only"):
         MM.config(mma="mma", rows_per_warp=16, mtile=8, scale="value", warps=16, m=8)
 
 

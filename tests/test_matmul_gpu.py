@@ -5,8 +5,9 @@ torch.compile.
 
 The configs come from the family (:func:`_gate_configs`): a pairwise covering sample of the whole
 space (every two source-knob values some bf16/nf4 source has, the experimental structures and values
-too, each completed with the warps, split-K and batch bucket that pair the most values), and every
-matmul config of the packaged serving table; test ids are the configs' labels."""
+too, each completed with the warps, split-K and batch bucket that pair the most values; mma-cols among
+them), and every matmul config of the packaged serving table; test ids are the configs' labels.
+mma-cols' own checks (its M = 1 to 16 configs, bit-for-bit determinism) are in test_matmul_cols_gpu.py."""
 
 import json
 from pathlib import Path
@@ -80,7 +81,9 @@ EACH_STRUCTURE = list({MM.structure(c): c for c in reversed(GATE)}.values())
 
 
 def _blocksize(c) -> int:
-    """The blocksize a config is served at: its windows' span decides it (mma-rows), else 64."""
+    """The blocksize a config is served at: its windows' span decides it (mma-rows), its part (mma-cols), else 64."""
+    if c.mma == "mma-cols":
+        return c.part
     return 8 * c.load_bytes // c.span if c.span > 1 else 64
 
 
@@ -145,6 +148,9 @@ def test_every_path_passes_the_gate(seed, config, dtype):
         why = _refusal(c, prob)
         if c.mma == "mma-rows" and c.span != rows_span(c.load_bytes, bs):    # windows over other block counts
             assert f"built for span {c.span}" in why, why
+            continue
+        if c.mma == "mma-cols" and c.part != bs:                             # a part is one block
+            assert f"is not the variant's part {c.part}" in why, why
             continue
         if why:
             refused.append(f"bs{bs}: {why}")

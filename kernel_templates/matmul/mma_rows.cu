@@ -77,7 +77,7 @@
 #define NF4T_CH (NF4T_LOAD_BYTES / 4)         // 16-byte chunks (8 values) of A in a lane's run
 #define NF4T_AREGS (NF4T_ACHUNK ? 4 : NF4T_LOAD_BYTES)   // registers of A a batch tile holds
 #define NF4T_CPR (8 / NF4T_SPAN)        // batch rows per n8 tile
-#define NF4T_PART (NF4T_WIN / NF4T_SPAN)  // K per part of a window (in one block)
+#define NF4T_SPART (NF4T_WIN / NF4T_SPAN) // K per span part of a window (in one block)
 #define NF4T_SB (NF4T_U * NF4T_SPAN)    // blocks per row and group
 #define NF4T_SQ ((NF4T_SB + 3) / 4)     // of which a lane loads NF4T_SQ per row
 #if NF4T_SPAN != 1 && NF4T_SPAN != 2 && NF4T_SPAN != 4
@@ -93,7 +93,7 @@ struct RowsGroup {
 // (4q + t) % SB is part j % SPAN of window j / SPAN (SPAN 1: the block of window t % U)
 __device__ __forceinline__ u32 rows_stat_offset(u32 q, u32 t) {
     const u32 j = (4u * q + t) % NF4T_SB;
-    return (j / NF4T_SPAN) * NF4T_WIN + (j % NF4T_SPAN) * NF4T_PART;
+    return (j / NF4T_SPAN) * NF4T_WIN + (j % NF4T_SPAN) * NF4T_SPART;
 }
 
 // A's stage: byte offset of the 16-byte chunk holding slice offset kk (a multiple of 8) in a batch row.

@@ -1,4 +1,6 @@
-"""``nf4-tune compile``: every distinct source of a family's space, compiled with NVRTC."""
+"""``nf4-tune compile``: every distinct source of a family's space, compiled with NVRTC; or (``--served``)
+the serving table's configs, with each one's registers, spills and, for matmul, the bytes of W its main
+loop retires per warp-instruction (:func:`nf4tune.kernel.sass.w_bytes_per_instruction`)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import json
 import os
 
 from ..families import get as get_family
-from ._common import EXIT_FAILED, UserError, add_family_arg, positive_int, progress_printer
+from ._common import EXIT_FAILED, UserError, add_family_arg, fmt, positive_int, progress_printer
 
 
 def add_parser(sub):
@@ -17,8 +19,12 @@ def add_parser(sub):
                                    "failures and time; exits 1 if any source fails. --cover N compiles a covering "
                                    "sample instead, for a quick check of every N-knob interaction. The space is "
                                    "counted from the family's declaration; only its distinct sources are listed "
-                                   "(one config each), with a progress line.")
+                                   "(one config each), with a progress line. --served compiles the serving table's "
+                                   "configs instead and prints each one's registers, spills and (matmul) bytes of W "
+                                   "per warp-instruction of its steady-state main loop, counted from the SASS on the "
+                                   "CPU.")
     add_family_arg(p)
+    p.set_defaults(family=None)       # compile: dequant; --served: every family of the table
     p.add_argument("--arch", default=None, help="target arch, e.g. sm_90, sm_100, sm_120 (default: the visible GPU's)")
     p.add_argument("--dtype", action="append")
     p.add_argument("--quant", action="append")
@@ -36,6 +42,13 @@ def add_parser(sub):
                                                                          "(default: the CPU count)")
     p.add_argument("--cache", default=None, metavar="DIR",
                    help="cache folder, made if missing (default: $NF4TUNE_CACHE or ~/.cache/nf4-tune/cubin)")
+    p.add_argument("--served", action="store_true",
+                   help="compile the configs of the serving table ($NF4TUNE_CONFIGS or the packaged table, the "
+                        "per-user table over it; --table names another) of --family (default: every family) and "
+                        "print each one's registers, spills and, for matmul, B/instr: bytes of W per "
+                        "warp-instruction of its steady-state main loop (the full-warp, nested-statistics path: "
+                        "32 x the bytes of W a lane loads per trip / the warp-instructions per trip)")
+    p.add_argument("--table", default=None, metavar="PATH", help="with --served: this table file instead")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
@@ -92,9 +105,100 @@ def _list_sources(family, args, restrict, count) -> list:
     return out
 
 
+def _served_configs(args) -> tuple:
+    """(the table's origin, {config: [its entries]}) of --family (every family without it)."""
+    from ..serve import table as tables
+
+    try:
+        table = tables.ConfigTable.from_file(args.table) if args.table else tables.current_table()
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    out: dict = {}
+    for e in table.entries:
+        if args.family is None or e.problem.family == args.family:
+            out.setdefault(e.config, []).append(e)
+    if not out:
+        raise UserError(f"the serving table {table.origin} holds no {args.family or ''} config".replace("  ", " "))
+    return table.origin, out
+
+
+def _served_for(entries) -> str:
+    """Where a config serves: each GPU model (without "NVIDIA ") and its shapes (N x K, bs if not 64)."""
+    gpus: dict = {}
+    for e in entries:
+        p = e.problem
+        gpus.setdefault(e.gpu.replace("NVIDIA ", ""), []).append(
+            "x".join(map(str, p.shape)) + ("" if p.blocksize == 64 else f" bs{p.blocksize}"))
+    return "; ".join(f"{gpu}: {', '.join(sorted(set(shapes)))}" for gpu, shapes in sorted(gpus.items()))
+
+
+def run_served(args, arch, cache) -> int:
+    from ..kernel import compiler
+    from ..kernel.sass import w_bytes_per_instruction
+
+    origin, served = _served_configs(args)
+    configs = list(served)
+    def source(c):
+        return c.family.name, tuple(sorted(c.source_knobs().items()))
+
+    failed = {}                    # (family, source knobs) -> the compile error
+    for name in sorted({c.family.name for c in configs}):
+        mine = [c for c in configs if c.family.name == name]
+        summary = compiler.compile_many(mine, arch, workers=args.workers, cache_dir=cache,
+                                        progress=None if args.quiet else progress_printer(f"compile {name} {arch}"))
+        failed.update({source(c): err for c, err in summary.failures})
+
+    rows = []
+    for c in configs:
+        row = dict(family=c.family.name, config=c.to_dict(), label=c.short(), served_for=_served_for(served[c]),
+                   m=min((e.problem.m for e in served[c] if e.problem.m is not None), default=None))
+        err = failed.get(source(c))
+        if err:
+            row.update(error=err.splitlines()[0])
+        else:
+            k = compiler.compile_config(c, arch, cache_dir=cache)
+            row.update(registers=k.registers, spill_stores=k.spill_stores, spill_loads=k.spill_loads)
+            if c.family.name == "matmul":
+                try:
+                    d = w_bytes_per_instruction(c, arch, cache_dir=cache)
+                    row.update(bytes_per_instruction=round(d.bytes_per_instruction, 2), loop=d.to_dict())
+                except (ValueError, FileNotFoundError) as e:
+                    row.update(bytes_per_instruction=None, loop_note=str(e))
+        rows.append(row)
+    rows.sort(key=lambda r: (r["family"], r["m"] or 0, -(r.get("bytes_per_instruction") or 0), r["label"]))
+    if args.json:
+        print(json.dumps(dict(arch=arch, nvrtc=compiler.nvrtc_version(), table=origin, configs=rows,
+                              failures=len(failed)), indent=2))
+    else:
+        print(f"the serving table {origin}: {len(rows)} distinct configs of {sum(len(v) for v in served.values())} "
+              f"entries, arch {arch}, NVRTC {compiler.nvrtc_version()}")
+        print("B/instr: bytes of W per warp-instruction in the steady-state main loop (full warps, nested "
+              "statistics; 32 x W bytes a lane loads per trip / warp-instructions per trip), from the SASS")
+        print(f"{'family':<8} {'m':>3} {'B/instr':>7} {'regs':>4} {'spills':>6}  config  [served for]")
+        for r in rows:
+            if "error" in r:
+                print(f"{r['family']:<8} {fmt(r['m'], '%d'):>3} {'-':>7} {'-':>4} {'-':>6}  {r['label']}  FAILED: "
+                      f"{r['error']}")
+                continue
+            bpi = fmt(r.get("bytes_per_instruction"), "%.2f")
+            spills = f"{r['spill_stores'] or 0}/{r['spill_loads'] or 0}"
+            print(f"{r['family']:<8} {fmt(r['m'], '%d'):>3} {bpi:>7} {fmt(r['registers'], '%d'):>4} {spills:>6}  "
+                  f"{r['label']}  [{r['served_for']}]")
+    return EXIT_FAILED if failed else 0
+
+
 def run(args) -> int:
     from ..kernel import compiler
 
+    if args.served:
+        given = [flag for flag, v in (("--dtype", args.dtype), ("--quant", args.quant), ("--sweep", args.sweep),
+                                      ("--cover", args.cover), ("--experimental", args.experimental)) if v]
+        if given:
+            raise UserError(f"--served compiles the serving table's configs: {', '.join(given)} do not apply")
+        return run_served(args, _arch(args), _cache(args.cache))
+    if args.table:
+        raise UserError("--table goes with --served")
+    args.family = args.family or "dequant"
     family = get_family(args.family)
     arch = _arch(args)
     cache = _cache(args.cache)

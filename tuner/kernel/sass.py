@@ -3,7 +3,10 @@ loops (a backward branch), with each loop's static length, the length of the pat
 first arm of every if/else inside it (the instructions between an unconditional forward branch and
 its target are the other arm: in the matmul loops, the bounds-checked loads of a partial step), and
 the instruction mix of that path. Used to count what a step of a kernel's loop costs before (or
-without) a GPU (ci/sass_loops.py)."""
+without) a GPU (ci/sass_loops.py).
+
+:func:`w_bytes_per_instruction` is the instruction density of a matmul kernel's steady-state main loop:
+bytes of W its warps retire per warp-instruction issued (:func:`steady_loop` says which loop that is)."""
 
 from __future__ import annotations
 
@@ -90,6 +93,104 @@ def loops(sass: str, min_len: int = 100) -> list:
     return found
 
 
+# ----------------------------------------------------------------------------- bytes of W per warp-instruction
+_GLOBAL_LOAD = re.compile(r"^(@!?U?P\w+\s+)?LDG(\.\w+)*\s")
+_WIDTH = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
+
+
+def load_width(text: str) -> int:
+    """Bytes one lane's global load (an LDG) reads: 1, 2, 4 (no width modifier), 8 or 16."""
+    mods = opcode_modifiers(text)
+    return next((_WIDTH[m] for m in mods if m in _WIDTH), 4)
+
+
+def opcode_modifiers(text: str) -> tuple:
+    """The modifiers of an instruction's opcode (``LDG.E.NA.128.CONSTANT`` -> ``("E", "NA", "128", "CONSTANT")``)."""
+    return tuple(re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[1:])
+
+
+def is_w_load(text: str) -> bool:
+    """A streaming load of W: a global load with L1::no_allocate (SASS ``.NA``); the matmul templates load
+    nothing else with that qualifier (NF4T_WLOAD_STREAM)."""
+    return bool(_GLOBAL_LOAD.match(text)) and "NA" in opcode_modifiers(text)
+
+
+def path_instructions(sass: str, loop: Loop) -> list:
+    """The instructions of ``loop``'s first-arm path, in order (what :attr:`Loop.path` counts)."""
+    ins, labels = instructions(sass)
+    skipped = set()
+    for j in range(loop.start, loop.end + 1):
+        b = _BRANCH.match(ins[j])
+        if b and not b.group(1) and j < labels.get(b.group(3), -1) <= loop.end:
+            skipped.update(range(j + 1, labels[b.group(3)]))
+    return [ins[j] for j in range(loop.start, loop.end + 1) if j not in skipped]
+
+
+@dataclass(frozen=True)
+class LoopDensity:
+    """What a trip of a kernel's steady-state main loop costs and retires."""
+
+    loop: Loop
+    w_bytes: int                 # bytes of W one lane loads per trip (the width of its W loads, summed)
+    w_loads: int                 # W loads per lane per trip
+    instructions: int            # warp-instructions per trip (the loop's first-arm path)
+    nested: bool                 # the loop loads nested statistics (absmax bytes)
+
+    @property
+    def bytes_per_instruction(self) -> float:
+        """Bytes of W the warp retires per warp-instruction it issues: 32 x w_bytes / instructions."""
+        return 32 * self.w_bytes / self.instructions
+
+    def to_dict(self) -> dict:
+        return dict(bytes_per_instruction=round(self.bytes_per_instruction, 3), w_bytes_per_lane=self.w_bytes,
+                    w_loads=self.w_loads, instructions=self.instructions, nested=self.nested,
+                    loop_static=self.loop.static, hmma=dict(self.loop.mix).get("HMMA", 0))
+
+
+def steady_loop(sass: str, min_len: int = 60) -> LoopDensity:
+    """The steady-state main loop of a matmul kernel's SASS and its density: among the innermost loops (at
+    least ``min_len`` instructions; a loop holding another such loop is not one) whose first-arm path loads W,
+    those that load nested statistics (an 8- or 16-bit global load: bnb's default, compress_statistics) if any
+    do; of those the loop without bounds checks (the fewest predicated global loads on its path: the full-warp
+    path, not the checked one), then the one with the most mmas, then the shortest path. ValueError if no loop
+    loads W by streaming loads."""
+    found = [(lp, path_instructions(sass, lp)) for lp in loops(sass, min_len)]
+    found = [(lp, [t for t in body if is_w_load(t)], body) for lp, body in found]
+    found = [f for f in found if f[1]]
+    best = None
+    for lp, w, body in found:
+        if any(o is not lp and lp.start <= o.start and o.end <= lp.end for o, _, _ in found):
+            continue                      # an outer loop: its inner loop is the steady state
+        loads = [t for t in body if _GLOBAL_LOAD.match(t)]
+        nested = any(load_width(t) <= 2 for t in loads)
+        predicated = sum(1 for t in loads if t.startswith("@"))
+        key = (not nested, predicated, -dict(lp.mix).get("HMMA", 0), lp.path)
+        if best is None or key < best[0]:
+            best = (key, LoopDensity(lp, sum(load_width(t) for t in w), len(w), lp.path, nested))
+    if best is None:
+        raise ValueError("no loop of the kernel loads W by streaming loads (wload stream): nothing to count")
+    return best[1]
+
+
+def w_bytes_per_instruction(config, arch: str = "sm_90", cache_dir=None) -> LoopDensity:
+    """Bytes of W per warp-instruction in the steady-state main loop of matmul ``config`` compiled for ``arch``
+    (NVRTC, through the compile cache; nvdisasm on the CPU, no GPU).
+
+    What it counts, per trip of the loop :func:`steady_loop` picks (the full-warp, nested-statistics path, the
+    first arm of every if/else in it): the bytes of W one lane loads (the widths of its streaming loads of W,
+    ``ld.global.nc.L1::no_allocate``, summed), times 32 lanes, over the warp-instructions on that path (every
+    instruction issued once per warp: decode, mmas or FMAs, loads of W, A and statistics, the scale arithmetic,
+    address arithmetic, loop control, fillers). It is a static count: no stall, no latency, no occupancy; the
+    prologue (table fill, A's stage) and the epilogue are outside it. A config whose W is not loaded by
+    streaming loads in the loop (wload plain, the shared-memory rings) raises ValueError."""
+    from .compiler import compile_config
+
+    if getattr(config, "wload", "stream") != "stream":
+        raise ValueError(f"{config.short()}: bytes of W are counted from W's streaming loads (wload stream)")
+    k = compile_config(config, arch, cache_dir=cache_dir)
+    return steady_loop(disassemble(k.cubin))
+
+
 # ----------------------------------------------------------------------------- SASS identity across a change
 def identity_sample(family, strength: int = 2) -> list:
     """The configs whose SASS a refactor of the templates or the family must keep byte for byte: for each
@@ -135,14 +236,27 @@ def snapshot(configs, folder, arch: str = "sm_90") -> list:
 
 def compare_snapshots(before, after) -> list:
     """What differs between two :func:`snapshot` folders: one line per config of ``before`` whose SASS in
-    ``after`` is missing or not byte for byte the same (an empty list: identical)."""
+    ``after`` is missing or not byte for byte the same (an empty list: identical). A knob added between the
+    two (in ``after``'s configs, not in ``before``'s) is matched at its default: a new knob's default must leave
+    every existing kernel as it was."""
     import json
 
-    def index(folder):
-        rows = json.loads((Path(folder) / "index.json").read_text())
-        return {json.dumps([r["family"], r["knobs"]], sort_keys=True): r for r in rows}
+    from ..families import get
 
-    a, b = index(before), index(after)
+    def rows(folder):
+        return json.loads((Path(folder) / "index.json").read_text())
+
+    def ident(family, knobs):
+        return json.dumps([family, knobs], sort_keys=True)
+
+    a = {ident(r["family"], r["knobs"]): r for r in rows(before)}
+    known = {r["family"]: set(r["knobs"]) for r in rows(before)}
+    b = {}
+    for r in rows(after):
+        old = known.get(r["family"], set(r["knobs"]))
+        defaults = get(r["family"]).defaults
+        if all(v == defaults.get(k) for k, v in r["knobs"].items() if k not in old):
+            b[ident(r["family"], {k: v for k, v in r["knobs"].items() if k in old})] = r
     out = []
     for key, r in a.items():
         s = b.get(key)

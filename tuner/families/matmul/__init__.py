@@ -9,7 +9,8 @@ The declaration is split by what it is about:
 
 - :mod:`.space`: the knobs and the constraints (and which template files each structure takes:
   kernel_templates/matmul/, each file's header says what its knobs change);
-- :mod:`.resources`: registers and shared memory a variant holds (the constraints bound them);
+- :mod:`.resources`: registers and shared memory a variant holds (the constraints bound them;
+  mma-cols' window, stage and table too);
 - :mod:`.plan`: bnb's input checks and the launch plan;
 - :mod:`.gate`: inputs, the fp64 reference and the derived error bound;
 - :mod:`.peers`: bnb's ``matmul_4bit``, a dense F.linear and the read ceiling.
@@ -22,16 +23,16 @@ from ...vocabulary import BLOCKSIZES, DTYPES, M_BUCKETS, OUT_BYTES, QUANTS, REF_
 from .gate import MatmulGate, MatmulInputs, error_bound, gamma
 from .peers import READ_BYTES, REF_BNB_MATMUL, REF_DENSE, MatmulPeers, read_reduction
 from .plan import MAX_WEIGHT, MatmulLaunch, MatmulPlan, check_matmul_inputs, stat_args
-from .resources import (bulk_chunk, bulk_ring_bytes, bulk_row_bytes, bulk_stage_bytes, ks_registers, ring_bytes,
-                        rows_registers, rows_span, rows_stage_bytes, scale_table_bytes, stream_k_cta, stream_k_parts,
-                        stream_k_runs)
+from .resources import (bulk_chunk, bulk_ring_bytes, bulk_row_bytes, bulk_stage_bytes, cols_pitch, cols_registers,
+                        cols_smem, cols_stage_bytes, cols_window, ks_registers, ring_bytes, rows_registers, rows_span,
+                        rows_stage_bytes, scale_table_bytes, stream_k_cta, stream_k_parts, stream_k_runs)
 from .space import CONSTRAINTS, HEADERS, KNOBS, PRESETS, STRUCTURES, rounded_codes, structure
 
 __all__ = ["MATMUL", "MatmulFamily", "MatmulPlan", "MatmulInputs", "REF_BNB_MATMUL", "REF_DENSE", "error_bound",
            "check_matmul_inputs", "gamma", "rounded_codes", "stat_args", "read_reduction", "READ_BYTES",
            "ks_registers", "rows_registers", "rows_span", "rows_stage_bytes", "scale_table_bytes", "ring_bytes",
            "bulk_chunk", "bulk_row_bytes", "bulk_stage_bytes", "bulk_ring_bytes", "stream_k_runs", "stream_k_cta",
-           "stream_k_parts"]
+           "stream_k_parts", "cols_registers", "cols_window", "cols_pitch", "cols_stage_bytes", "cols_smem"]
 
 
 class MatmulFamily(MatmulGate, MatmulPeers, MatmulLaunch, Family):

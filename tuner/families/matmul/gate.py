@@ -32,9 +32,15 @@ def error_bound(config, K: int, S, y_abs):
       reductions, the scale's multiply): gamma(K + 16) * S, with S = |A| @ |W|.T + |bias|; the
       tensor cores accumulate with at least fp32's precision, allowed one extra bit;
     - the tensor-core paths round to the operand dtype first (mma: code * scale, as bnb's
-      dequantize does; mma-ks: the code, multiplied by the fp32 scale after the mma), and so does
-      SIMT with the 16-bit pair decodes (lut prmt / pairx: the code): u_op * S more (bf16 2^-8,
-      fp16 2^-11);
+      dequantize does; mma-ks, mma-rows and mma-cols: the code, multiplied by the fp32 scale after
+      the mma), and so does SIMT with the 16-bit pair decodes (lut prmt / pairx: the code): u_op * S
+      more (bf16 2^-8, fp16 2^-11);
+    - mma-cols is that tensor-core case with rounded codes and no term of its own: the codes are
+      rounded to the operand dtype in its pair table, the mma accumulates a window's products per
+      (row, part) column in fp32, one FFMA a window applies the part's fp32 scale (bnb's recipe,
+      __fmul_rn / __fadd_rn) to those sums, and the 8 / cols_mb parts of a row are added by at most
+      three additions (one in the lane, two quad shuffles): a different order of the same K products
+      with at most 8 roundings more, inside gamma(K + 16);
     - one rounding to the output dtype: u_out * (|y| + the above)."""
     u_out = {"bf16": 2.0**-8, "fp16": 2.0**-11, "fp32": 2.0**-24}[config.dtype]
     tensor = config.mma != "simt"

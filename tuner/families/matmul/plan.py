@@ -9,8 +9,8 @@ import numpy as np
 
 from ...family import DeviceLimits
 from ...vocabulary import BLOCKSIZES, OUT_BYTES, QUANTS, UnsupportedInput
-from .resources import (bulk_chunk, bulk_ring_bytes, ring_bytes, rows_span, rows_stage_bytes, scale_table_bytes,
-                        stream_k_parts)
+from .resources import (bulk_chunk, bulk_ring_bytes, cols_smem, cols_stage_bytes, cols_window, ring_bytes, rows_span,
+                        rows_stage_bytes, scale_table_bytes, stream_k_parts)
 from .space import DYN_TABLE_BYTES, DYN_TABLE_LUTS
 
 __all__ = ["MatmulPlan", "MatmulLaunch", "check_matmul_inputs", "stat_args", "MAX_WEIGHT"]
@@ -82,6 +82,7 @@ class MatmulPlan:
             raise UnsupportedInput(f"{c.short()}: {refusal}")
         self.config = c
         self.ring = c.stages > 0 and c.stats != "tile"     # statistics copied in aligned 4-byte words (check_stats)
+        self.pair_absmax = c.mma == "mma-cols" and c.cols_mb == 1   # two absmax bytes in one 16-bit load
         self.M, self.N, self.K = M, N, K
         self.blocksize, self.groupsize = blocksize, groupsize
         if c.mma == "mma-rows" and c.span != rows_span(c.load_bytes, blocksize):
@@ -90,13 +91,18 @@ class MatmulPlan:
                                    f"{blocksize}, the variant is built for span {c.span} (the row-tile tensor-core "
                                    f"path scales each of a window's span parts once; span {need} serves this "
                                    "blocksize)")
+        if c.mma == "mma-cols" and blocksize != c.part:
+            serves = f"part {blocksize} serves it" if blocksize in c.family.knob("part").values else "no part serves it"
+            raise UnsupportedInput(f"{c.short()}: blocksize {blocksize} is not the variant's part {c.part} (mma-cols "
+                                   f"scales each part of a window once, so a part must be one block; {serves})")
         if c.mma == "mma-ks":
             kit = 8 * c.load_bytes                              # K per window (a quad of lanes)
             if c.feed == "bulk":
                 kit = bulk_chunk(c.load_bytes, c.warps, c.unroll)   # split-K slices of whole chunks
             rows_per_cta = c.rows_per_warp
         else:
-            kit = {"mma": 128, "mma-rows": 8 * c.load_bytes * c.unroll}.get(c.mma, 64 * c.load_bytes)  # K per step
+            kit = {"mma": 128, "mma-rows": 8 * c.load_bytes * c.unroll,
+                   "mma-cols": cols_window(c.part, c.cols_mb)}.get(c.mma, 64 * c.load_bytes)  # K per step
             rows_per_cta = c.warps * c.rows_per_warp
         stream_k = c.mma == "mma-rows" and c.persist
         kper = -(-(-(-K // (1 if stream_k else c.ksplit))) // kit) * kit
@@ -138,6 +144,16 @@ class MatmulPlan:
                                        f"{staged}, lut table: {lut_table}) beside {static} of static tables "
                                        f"exceed the device's {limits.smem_per_block_optin} per block at K per "
                                        f"split {kper}")
+        elif c.mma == "mma-cols":
+            # the pair table (at a 64 KiB boundary with table64) and A's stage: the batch rows this launch has
+            staged = cols_stage_bytes(kper, c.part, c.cols_mb, min(c.mtile, M))
+            self.smem = cols_smem(staged, c.table64)
+            static = 64 + 1024
+            if self.smem + static > limits.smem_per_block_optin:
+                raise UnsupportedInput(f"{c.short()}: {self.smem} bytes of dynamic shared memory (A staged: {staged}, "
+                                       f"the pair table{' at a 64 KiB boundary' if c.table64 else ''}) beside "
+                                       f"{static} of static tables exceed the device's {limits.smem_per_block_optin} "
+                                       f"per block at K per split {kper}")
         else:
             # (the lut table, which then needs the opt-in,) A staged in shared memory
             staged = c.mtile * kper * act_bytes if c.astage == "shared" else 0
@@ -212,10 +228,14 @@ class MatmulPlan:
             raise UnsupportedInput("A and B must be 16-byte aligned for the fused kernel")
 
     def check_stats(self, stats: tuple) -> None:
-        """The ring copies the statistics in aligned 4-byte words: their pointers must be 4-byte aligned."""
+        """The ring copies the statistics in aligned 4-byte words: their pointers must be 4-byte aligned;
+        mma-cols at cols_mb 1 loads two absmax bytes at once: the absmax bytes must be 2-byte aligned."""
         if self.ring and any(p % 4 for p in stats[:4]):
             raise UnsupportedInput("the statistics (absmax, nested code and absmax) must be 4-byte aligned for "
                                    "the shared-memory ring")
+        if self.pair_absmax and stats[0] % 2:
+            raise UnsupportedInput("the absmax bytes must be 2-byte aligned for mma-cols (one 16-bit load gives "
+                                   "two blocks' bytes)")
 
 
 def stat_args(qs) -> tuple:

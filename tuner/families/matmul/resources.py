@@ -1,13 +1,14 @@
 """What a matmul variant holds, computed on the host: its registers of loads in flight, its shared
-memory (the rings, A's stage, the scale table), the span of a window, and stream-K's runs. The
-constraints (:mod:`.space`) bound the first, the launch plan (:mod:`.plan`) sizes the second; both
-follow the templates (kernel_templates/matmul/), whose headers say what each knob changes."""
+memory (the rings, A's stage, the scale table, mma-cols' table and stage), the span of a window, and
+stream-K's runs. The constraints (:mod:`.space`) bound the first, the launch plan (:mod:`.plan`) sizes
+the second; both follow the templates (kernel_templates/matmul/), whose headers say what each knob changes."""
 
 from __future__ import annotations
 
 __all__ = ["ks_registers", "rows_registers", "rows_span", "rows_stage_bytes", "scale_table_bytes", "ring_bytes",
            "bulk_chunk", "bulk_row_bytes", "bulk_stage_bytes", "bulk_ring_bytes", "stream_k_runs", "stream_k_cta",
-           "stream_k_parts"]
+           "stream_k_parts", "cols_registers", "cols_window", "cols_pitch", "cols_stage_bytes", "cols_smem",
+           "COLS_TABLE_BYTES", "COLS_STAGE_BELOW"]
 
 
 def ks_registers(load_bytes, rows_per_warp, mtile, unroll, prefetch, stages=0, feed="lanes", stats="lanes") -> int:
@@ -94,6 +95,50 @@ def bulk_ring_bytes(load_bytes, rows_per_warp, unroll, stages, warps, arows) -> 
     stage, zero = bulk_stage_bytes(load_bytes, rows_per_warp, unroll, warps, arows)
     return stages * stage + zero
 
+
+
+#: mma-cols' pair table (256 rows of 256 bytes: the 16-bit pairs per lane, the nested code in the upper halves)
+COLS_TABLE_BYTES = 256 * 256
+#: mma-cols with table64: A's stage at most this big goes below the 64 KiB-aligned table (the space between
+#: the dynamic shared memory's start and the next 64 KiB boundary: 64 KiB less the static shared memory and
+#: what the runtime reserves before it, taken as at most 5.4 KiB); a larger stage goes above it
+COLS_STAGE_BELOW = 60000
+
+
+def cols_registers(part, cols_mb, rows_per_warp, prefetch, mtile) -> int:
+    """32-bit registers the column tensor-core path (mma-cols) holds for its windows (an estimate the space
+    bounds; the rest of the kernel takes about 50 more): W, a window's part / cols_mb bytes per lane and row
+    (rows g and g + 8 of each m16 tile), two window sets with the prefetch; the accumulators, a window's sums
+    and the totals, 4 each per (m16 tile, n8 tile); A's operand chunk, 4 per n8 tile."""
+    rt, nt = rows_per_warp // 16, mtile // cols_mb
+    return (1 + prefetch) * rt * 2 * (part // cols_mb // 4) + 2 * 4 * rt * nt + 4 * nt
+
+
+def cols_window(part, cols_mb) -> int:
+    """K per window of mma-cols: its 8 / cols_mb parts (the split-K slices are whole windows)."""
+    return 8 // cols_mb * part
+
+
+def cols_pitch(kper, part, cols_mb) -> int:
+    """Bytes per staged batch row of A in mma-cols (mma_cols.cu's cols_a_pitch): per part of the K slice
+    2 x part bytes (cols_mb 1: 4 x part, A's words as (b0, b1) register pairs with a zero) plus 16, rounded up
+    to 128, plus 16."""
+    pstr = (4 if cols_mb == 1 else 2) * part + 16
+    return -(-(kper // part) * pstr // 128) * 128 + 16
+
+
+def cols_stage_bytes(kper, part, cols_mb, arows) -> int:
+    """mma-cols' stage of A: ``arows`` batch rows of the K slice (kper, whole windows)."""
+    return arows * cols_pitch(kper, part, cols_mb)
+
+
+def cols_smem(stage, table64) -> int:
+    """mma-cols' dynamic shared memory for a stage of A of ``stage`` bytes: with table64, two 64 KiB spans (the
+    table starts at the first 64 KiB boundary inside them) and the stage above the table when it does not fit
+    below (COLS_STAGE_BELOW); without, the table then the stage."""
+    if table64:
+        return 2 * COLS_TABLE_BYTES + (stage if stage > COLS_STAGE_BELOW else 0)
+    return COLS_TABLE_BYTES + stage
 
 
 def stream_k_runs(units: int, ctas: int) -> list:

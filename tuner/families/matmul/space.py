@@ -8,20 +8,22 @@ and a rule over many knobs makes that count (and the search space's walk) slow.
 Experimental values never won a served table entry (tuner/serve/tuned_configs.json, checked by a
 test): the tensor-core path ``mma``, the per-warp and bulk rings (``stages``, ``feed=bulk``), the
 register cap, ``prmt_quarters``, the luts ``register`` / ``prmt`` / ``pairf`` / ``pairmix``, one and
-eight rows per warp, every value scaled, plain W loads, two groups ahead and span 4. They stay
-valid and searchable (``--experimental``); the built-in defaults never use them.
+eight rows per warp, every value scaled, plain W loads, two groups ahead and span 4; and the column
+structure ``mma-cols`` with its knobs ``cols_mb``, ``part`` and ``table64`` (compiled and counted on the
+CPU, not yet run on a GPU). They stay valid and searchable (``--experimental``); the built-in defaults
+never use them.
 """
 
 from __future__ import annotations
 
 from ...family import Constraint, Knob
 from ...vocabulary import DTYPES, M_BUCKETS, QUANTS
-from .resources import bulk_ring_bytes, ks_registers, ring_bytes, rows_registers
+from .resources import bulk_ring_bytes, cols_registers, ks_registers, ring_bytes, rows_registers
 
 __all__ = ["KNOBS", "CONSTRAINTS", "PRESETS", "STRUCTURES", "HEADERS", "PAIR16_LUTS", "DYN_TABLE_LUTS",
            "DYN_TABLE_BYTES", "FLOAT_PAIR_LUTS", "ROWS_LUTS", "ROWS_MAX_LOAD_REGISTERS",
            "ROWS_MAX_LOAD_REGISTERS_TWO_AHEAD", "KS_MAX_LOAD_REGISTERS", "KS_MAX_RING_BYTES", "REGCAPS",
-           "rounded_codes", "structure"]
+           "COLS_MAX_REGISTERS", "COLS_MAX_TILES", "rounded_codes", "structure"]
 
 #: the LUTs that decode to 16-bit operand pairs (codes rounded to the activation dtype)
 PAIR16_LUTS = ("prmt", "pairx", "pairmix")
@@ -44,6 +46,12 @@ ROWS_MAX_LOAD_REGISTERS_TWO_AHEAD = 64
 KS_MAX_LOAD_REGISTERS = 128
 #: the K-split path's shared-memory ring, at most (bytes per CTA)
 KS_MAX_RING_BYTES = 160 * 1024
+#: mma-cols' registers of its windows (cols_registers: W, the accumulators, A's chunk), at most. NVRTC 13.5, sm_90,
+#: 2026-12-07: the M = 1 kernel (76) takes 134 registers; all 552 bf16/nf4 sources this admits compiled without
+#: spills (at most 252 registers); of those above it (144 and more) some spilled (255 registers, up to 3.7 KB)
+COLS_MAX_REGISTERS = 128
+#: mma-cols' n8 tiles per CTA (mtile / cols_mb), at most
+COLS_MAX_TILES = 8
 #: mma-rows' register caps (the regcap knob; 0: none). Each is the largest count that fits one more warp a
 #: register sub-partition (16,384 registers, 256 a warp): 80 fits 6, 72 fits 7 (104-128 fit 4, 96 fits 5,
 #: which no CTA size of the warps knob turns into more warps an SM than 16)
@@ -57,6 +65,7 @@ STRUCTURES = {
     "mma-ks": ("matmul/tensor.cuh", "matmul/ks.cuh", "matmul/mma_ks.cu"),
     "mma-ks-bulk": ("matmul/tensor.cuh", "matmul/ks.cuh", "matmul/mma_ks_bulk.cu"),
     "mma-rows": ("matmul/tensor.cuh", "matmul/mma_rows.cu"),
+    "mma-cols": ("matmul/mma_cols.cu",),
 }
 
 
@@ -84,7 +93,8 @@ def rounded_codes(config) -> bool:
 def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
     """mma: 16-byte loads, 16/32/64 rows per warp, batch tile 8/16, every value scaled; mma-ks: 16/32 rows
     per CTA, batch tile 8/16, a scale per window and block; mma-rows: 16/32 rows per warp, batch tile
-    8/16/32, a scale per window; no tensor-core path for fp32. SIMT: at most 32 rows per warp and a batch
+    8/16/32, a scale per window; mma-cols: load_bytes 16 (not read), 16/32 rows per warp, a scale per (row,
+    part); no tensor-core path for fp32. SIMT: at most 32 rows per warp and a batch
     tile of 8, mtile x 2 x load_bytes <= 64 registers of A, rows_per_warp x load_bytes <= 128 bytes in
     flight, mtile x rows_per_warp <= 32 accumulators."""
     if mma == "mma":
@@ -96,6 +106,16 @@ def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
             return "the tensor-core path tiles the batch by 8 or 16 (n8 tiles)"
         if scale != "value":
             return "the tensor-core path scales every value (the weight is rounded as bnb's dequantize rounds it)"
+        if dtype == "fp32":
+            return "no tensor-core path for fp32 activations"
+        return None
+    if mma == "mma-cols":
+        if load_bytes != 16:
+            return "the column tensor-core path's loads follow part and cols_mb (load_bytes stays 16)"
+        if rows_per_warp not in (16, 32):
+            return "the column tensor-core path takes 16 or 32 rows per warp (m16 tiles)"
+        if scale != "block":
+            return "the column tensor-core path scales once per (row, part)"
         if dtype == "fp32":
             return "no tensor-core path for fp32 activations"
         return None
@@ -126,7 +146,13 @@ def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
 
 def _tile_fits_batch(mma, mtile, m, span):
     """simt: mtile <= the batch bucket m; the tensor-core paths: no tile of 16 or more rows that the batch
-    fills at most half of; mma-rows with span: mtile / span batch rows per CTA, at least m (W read once)."""
+    fills at most half of; mma-rows with span: mtile / span batch rows per CTA, at least m (W read once);
+    mma-cols: mtile == m (W read once, no column left empty)."""
+    if mma == "mma-cols":
+        if mtile != m:
+            return (f"mma-cols takes the batch bucket's rows in one CTA (mtile {m}): mtile {mtile} would "
+                    f"{'read W more than once' if mtile < m else 'leave columns empty'}")
+        return None
     if mma == "simt" and mtile > m:
         return f"mtile {mtile} exceeds the batch bucket {m}"
     if span > 1 and mma == "mma-rows" and mtile >= 8:
@@ -169,9 +195,9 @@ def _stream_k_shape(mma, persist, rows_per_warp, mtile):
 
 
 def _warps_path(mma, warps):
-    """warps 12, 14, 16: SIMT and mma-rows only."""
-    if warps > 8 and mma not in ("simt", "mma-rows"):
-        return f"{warps} warps per CTA: the SIMT and row-tile tensor-core paths only"
+    """warps 12, 14, 16: SIMT, mma-rows and mma-cols only."""
+    if warps > 8 and mma not in ("simt", "mma-rows", "mma-cols"):
+        return f"{warps} warps per CTA: the SIMT, row-tile and column tensor-core paths only"
     return None
 
 
@@ -192,7 +218,9 @@ def _achunk_path(mma, achunk):
 
 def _lut_path(mma, lut, dtype):
     """lut prmt / pairx / pairmix (16-bit code pairs): bf16 or fp16, not mma; pairf / pairmix (float pairs):
-    SIMT only; mma-rows: pair, pairx or prmt."""
+    SIMT only; mma-rows: pair, pairx or prmt; mma-cols: pairx."""
+    if mma == "mma-cols" and lut != "pairx":
+        return "the column tensor-core path decodes with lut pairx (its table's upper halves hold the nested code)"
     if mma == "mma-rows" and lut not in ROWS_LUTS:
         return f"the row-tile tensor-core path decodes to 16-bit code pairs ({', '.join(ROWS_LUTS)})"
     if lut in PAIR16_LUTS and (mma == "mma" or dtype == "fp32"):
@@ -230,9 +258,10 @@ def _ks_knobs(mma, unroll, persist, stages, feed, stats):
 
 
 def _astage_path(mma, astage):
-    """mma-rows stages A in shared memory (astage shared); mma-ks reads it per window (astage global)."""
-    if mma == "mma-rows" and astage != "shared":
-        return "the row-tile tensor-core path stages A in shared memory (astage shared)"
+    """mma-rows and mma-cols stage A in shared memory (astage shared); mma-ks reads it per window (astage
+    global)."""
+    if mma in ("mma-rows", "mma-cols") and astage != "shared":
+        return f"the {'row-tile' if mma == 'mma-rows' else 'column'} tensor-core path stages A in shared memory (astage shared)"
     if mma == "mma-ks" and astage != "global":
         return "the K-split tensor-core path reads its run of A per window (no shared staging)"
     return None
@@ -309,21 +338,50 @@ def _ks_ring_bytes(mma, load_bytes, rows_per_warp, mtile, warps, unroll, stages,
     return None
 
 
+def _cols_knobs(mma, cols_mb, part, table64):
+    """cols_mb, part and table64: mma-cols only (elsewhere their defaults 1, 64, 1)."""
+    if mma != "mma-cols" and (cols_mb != 1 or part != 64 or table64 != 1):
+        return "cols_mb, part and table64 are knobs of the column tensor-core path (mma-cols)"
+    return None
+
+
+def _cols_tile(mma, mtile, cols_mb):
+    """mma-cols: mtile = cols_mb x n8 tiles, 1 to 8 tiles."""
+    if mma != "mma-cols":
+        return None
+    if mtile % cols_mb:
+        return f"mma-cols: mtile {mtile} is not a whole number of n8 tiles of cols_mb {cols_mb} batch rows"
+    if mtile // cols_mb > COLS_MAX_TILES:
+        return f"mma-cols: mtile {mtile} / cols_mb {cols_mb} = {mtile // cols_mb} n8 tiles exceed {COLS_MAX_TILES}"
+    return None
+
+
+def _cols_registers(mma, rows_per_warp, mtile, prefetch, cols_mb, part):
+    if mma != "mma-cols":
+        return None
+    regs = cols_registers(part, cols_mb, rows_per_warp, prefetch, mtile)
+    if regs > COLS_MAX_REGISTERS:
+        return f"{regs} registers of windows (W, sums, A) exceed {COLS_MAX_REGISTERS} (mma-cols)"
+    return None
+
+
 KNOBS = (
-    Knob("mma", ("simt", "mma", "mma-ks", "mma-rows"), refine=8, experimental=("mma",),
+    Knob("mma", ("simt", "mma", "mma-ks", "mma-rows", "mma-cols"), refine=8, experimental=("mma", "mma-cols"),
          help="simt: fp32 FMAs on CUDA cores; mma: tensor cores (mma.sync m16n8k16, batch padded to 8/16), "
               "a warp per row tile; mma-ks: tensor cores with W rows as the mma's M, the CTA's warps "
               "splitting K, 16-bit code pairs and one scale multiply per block; mma-rows: mma-ks's "
               "operands and decode, each warp owning its row tiles over the CTA's K slice, A staged in "
-              "shared memory once per CTA, a window's statistics loaded once per row"),
+              "shared memory once per CTA, a window's statistics loaded once per row; mma-cols: the mma's n8 "
+              "columns are (part of K, batch row) pairs, so each (row, block) is scaled once per window and no "
+              "column is padding at M = 1 (experimental: not yet run on a GPU)"),
     Knob("load_bytes", (4, 8, 16), default=16, refine=6, label="{}B",
          help="bytes of W one lane loads per row per step (8, 16 or 32 values)"),
     Knob("rows_per_warp", (1, 2, 4, 8, 16, 32, 64), default=4, refine=2, experimental=(1, 8, 64), label="r{}",
          help="rows of W per warp (SIMT: loads in flight; MMA: m16 tiles), all reusing one load of A"),
     Knob("mtile", (1, 2, 4, 8, 16, 32), refine=7, label="m{}", help="rows of A per CTA"),
     Knob("warps", (1, 2, 4, 8, 12, 14, 16), "launch", default=4, refine=1, label="w{}",
-         help="warps per CTA (12, 14, 16: SIMT and mma-rows only, one pair table and one stage of A for more warps; 12 and 14 "
-              "change how many rows a wave of resident CTAs covers, and so the last wave's fill)"),
+         help="warps per CTA (12, 14, 16: SIMT, mma-rows and mma-cols only, one pair table and one stage of A for more "
+              "warps; 12 and 14 change how many rows a wave of resident CTAs covers, and so the last wave's fill)"),
     Knob("ksplit", (1, 2, 4, 8, 16), "launch", refine=0, label="k/{}",
          help="split-K: slices of K over CTAs, summed by fp32 atomics, the last CTA finishing the tile; "
               "mma-rows with persist (stream-K): CTAs per resident slot (its runs are that much shorter)"),
@@ -378,6 +436,16 @@ KNOBS = (
          help="mma-rows: 0 a window's runs of A read from shared memory at once (load_bytes registers a "
               "batch tile of 8 rows); 1 one 16-byte chunk at a time, just before its two k-steps (4 registers "
               "a batch tile): fewer registers, so more warps an SM, the same sums bit for bit"),
+    Knob("cols_mb", (1, 2, 4, 8), experimental=True, label="mb{}", hidden=(1,),
+         help="mma-cols: batch rows per n8 tile; its 8 columns are 8 / cols_mb parts of K x cols_mb batch rows "
+              "(1 at M = 1: 8 parts a window, no column is padding)"),
+    Knob("part", (32, 64, 128), default=64, experimental=True, label="P{}", hidden=(64,),
+         help="mma-cols: values of K per part (a column's share of a window); the plan serves it at blocksize "
+              "== part, so each part is one block, scaled once"),
+    Knob("table64", (1, 0), experimental=True, label="t64:{}", hidden=(1,),
+         help="mma-cols: 1: the pair table at a 64 KiB-aligned shared address, so one byte permute gives a "
+              "lookup's whole address (128 KiB of shared memory: one CTA an SM); 0: the table first, its "
+              "base added to each lookup's offset"),
     Knob("dtype", DTYPES, "problem", default="bf16", help="activation (and output) dtype"),
     Knob("quant", QUANTS, "problem", default="nf4", help="4-bit code: nf4 or fp4"),
     Knob("m", M_BUCKETS, "problem", default=1, in_source=False, label="",
@@ -398,6 +466,10 @@ CONSTRAINTS = (
     Constraint(("mma", "unroll", "persist", "stages", "feed", "stats"), _ks_knobs),
     Constraint(("mma", "stages", "feed", "stats"), _ks_feed),
     Constraint(("mma", "astage"), _astage_path),
+    Constraint(("mma", "cols_mb", "part", "table64"), _cols_knobs),
+    Constraint(("mma", "mtile", "cols_mb"), _cols_tile),
+    Constraint(("mma", "rows_per_warp", "mtile", "prefetch", "cols_mb", "part"), _cols_registers,
+               help=f"mma-cols: the windows' registers (cols_registers: W, sums, A) <= {COLS_MAX_REGISTERS}"),
     Constraint(("mma", "load_bytes", "span"), _rows_span_parts),
     Constraint(("mma", "load_bytes", "rows_per_warp", "unroll", "prefetch", "span"), _rows_load_registers,
                help=f"mma-rows: loads in flight (rows_registers) <= {ROWS_MAX_LOAD_REGISTERS} registers, "
