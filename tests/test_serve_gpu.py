@@ -176,3 +176,26 @@ def test_autotune_writes_the_per_user_table_that_a_second_process_serves_from(se
         assert child == dict(rule="exact", served=True, table=str(user))
     finally:
         T.use_configs(None)
+
+
+@pytest.mark.parametrize("via", ["bindings", "ctypes"])
+def test_both_launch_paths_give_bnbs_bits(seed, via):
+    """The packed serving launch through cuda.bindings' cuLaunchKernel and through ctypes: the dequant runtime's
+    plan gives bnb's bits both ways, into a NaN-poisoned output."""
+    from nf4tune.families.dequant import mismatch_report
+    from nf4tune.kernel.launch import PackedLaunch
+    from nf4tune.serve import runtime
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = torch.randn(1000, 1037, generator=g, device="cuda").to(torch.bfloat16)
+    A, qs = F.quantize_4bit(w, blocksize=64, compress_statistics=True, quant_type="nf4")
+    want = F.dequantize_4bit(A, qs)
+    runtime.dequantize_4bit(A, qs)
+    served = runtime.plan_for(A, qs)
+    launch = PackedLaunch(served.launch.kernel, served.launch.plan, via=via)
+    assert launch.via == ("ctypes" if via == "ctypes" else "cuda.bindings")
+    out = torch.full_like(want, float("nan"))
+    launch((A.data_ptr(), qs.absmax.data_ptr(), qs.state2.code.data_ptr(), qs.state2.absmax.data_ptr(), 0,
+            float(qs.offset), out.data_ptr()), torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    assert mismatch_report(out, want) is None

@@ -107,8 +107,12 @@ def host_overhead(shape=(256, 256), dtype: str = "bf16", calls: int = 3000, roun
     values = (A.data_ptr(), qs.absmax.data_ptr(), qs.state2.code.data_ptr(), qs.state2.absmax.data_ptr(), 0,
               float(qs.offset), out.data_ptr())
     core = bind(load_kernel(served.choice.config), inputs, out)
+    from ..kernel.launch import PackedLaunch
+
+    other = PackedLaunch(packed.kernel, packed.plan, via="ctypes" if packed.via == "cuda.bindings" else "bindings")
     cases = {
         f"bare launch (packed cuLaunchKernel through {packed.via})": lambda: packed(values, stream),
+        f"bare launch (packed cuLaunchKernel through {other.via})": lambda: other(values, stream),
         "cuda.core launch of the same variant": core,
         "runtime dequantize_4bit(A, qs, out=out)": lambda: runtime.dequantize_4bit(A, qs, out=out),
         "runtime dequantize_4bit(A, qs)": lambda: runtime.dequantize_4bit(A, qs),

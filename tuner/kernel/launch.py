@@ -11,6 +11,7 @@ or count, and what it cannot take is one exception, :class:`~nf4tune.vocabulary.
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 import threading
 from dataclasses import dataclass
@@ -173,7 +174,7 @@ class PackedLaunch:
     lock, so threads may share one instance. The caller has checked the call's tensors through
     the plan (the runtime does, per call)."""
 
-    def __init__(self, kernel: LoadedKernel, plan):
+    def __init__(self, kernel: LoadedKernel, plan, via: Optional[str] = None):
         from cuda.bindings import driver
 
         kinds = plan.PARAM_KINDS
@@ -206,10 +207,14 @@ class PackedLaunch:
         block = tuple(plan.block) + (1, 1) if isinstance(plan.block, tuple) else (plan.block, 1, 1)
         self._geometry = (*grid[:3], *block[:3], plan.smem)
         self._lock = threading.Lock()
-        # the driver's cuLaunchKernel called through ctypes (about 1 us a call) where libcuda loads, else
-        # through cuda.bindings (about 3.5 us a call: its argument conversion); the same function and context.
-        # A CUkernel (cuda.core's handle) is taken by cuLaunchKernel as a CUfunction.
-        self._c_launch = _libcuda_launch()
+        # the driver's cuLaunchKernel through cuda.bindings (its argument conversion costs a few us a call), or
+        # through ctypes (``via="ctypes"`` or NF4TUNE_LAUNCH=ctypes: the same function and context, fewer
+        # conversions; where libcuda does not load, cuda.bindings). A CUkernel (cuda.core's handle) is taken by
+        # cuLaunchKernel as a CUfunction.
+        via = via or os.environ.get("NF4TUNE_LAUNCH") or "bindings"
+        if via not in ("ctypes", "bindings"):
+            raise ValueError(f"launch via {via!r}: ctypes or bindings")
+        self._c_launch = _libcuda_launch() if via == "ctypes" else None
         if self._c_launch is not None:
             self._function = int(kernel.function.handle)
             self._call = self._call_ctypes
@@ -242,13 +247,9 @@ class PackedLaunch:
 
 @lru_cache(maxsize=1)
 def _libcuda_launch():
-    """``cuLaunchKernel`` of the driver library as a ctypes function, or None where it cannot be loaded
-    (``NF4TUNE_LAUNCH=bindings`` chooses cuda.bindings' wrapper instead)."""
+    """``cuLaunchKernel`` of the driver library as a ctypes function, or None where it cannot be loaded."""
     import ctypes
-    import os
 
-    if os.environ.get("NF4TUNE_LAUNCH") == "bindings":
-        return None
     try:
         lib = ctypes.CDLL("libcuda.so.1")
         fn = lib.cuLaunchKernel
