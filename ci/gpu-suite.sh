@@ -64,10 +64,12 @@ bench() {
   return 0
 }
 if want bench; then
-  bench dequant bench --runtime --dtype bf16 --no-linear
-  bench matmul bench --family matmul --runtime --model examples/models/llama-3-8b.json --m 1 --m 8 --m 16
+  # the commands of docs/results.md's tables, as written there
+  bench dequant bench --runtime --dtype bf16
+  bench matmul bench --family matmul --runtime --shape 4096x4096 --shape 1024x4096 --shape 14336x4096 \
+    --shape 4096x14336 --shape 8192x8192 --shape 28672x8192 --m 1 --m 8 --m 16 --m 32 --m 64
   bench host bench --host
-  bench generate bench --generate --layers 8 --batch 1 --batch 8
+  bench generate bench --generate --batch 1 --batch 8
 fi
 say "done (exit $rc)"
 exit $rc
