@@ -246,3 +246,22 @@ def test_the_matmul_runtime_table_prints_the_floor_and_the_share_of_it():
     line = text.splitlines()[1].split()
     assert line[6:12] == ["transfer", "10.00", "1000", "9.00", "90.0", "2.00"]
     assert "floor: the faster of a read of the same bytes" in text
+
+
+def test_a_copied_or_pickled_quant_state_is_prepared_again(monkeypatch):
+    """copy.deepcopy and pickle of a quant state that served calls (a model copied after inference) carry no
+    prepared weight, whose launches hold locks and device pointers; the copy prepares its own."""
+    import copy
+    import pickle
+
+    monkeypatch.setattr(rt, "serve_decision", lambda g, p, a=None: rt.Decision(False, None, "x"))
+    monkeypatch.setattr(rt, "gpu_name", lambda index: "GPU X")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    qs = _qs()
+    rt.served_call(torch.randn(1, 4096, dtype=torch.bfloat16), qs)
+    w = qs._nf4tune_weight
+    w.calls["lock"] = __import__("threading").Lock()          # what a served entry's launch holds
+    for twin in (copy.deepcopy(qs), pickle.loads(pickle.dumps(qs))):
+        assert twin._nf4tune_weight is None
+        rt.served_call(torch.randn(1, 4096, dtype=torch.bfloat16), twin)
+        assert twin._nf4tune_weight is not w and twin._nf4tune_weight.holds(twin)

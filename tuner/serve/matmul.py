@@ -205,12 +205,24 @@ class _Weight:
         self.generation = _generation[0]
         self.calls: dict = {}
 
+    # a copied or pickled quant state carries no prepared weight (its launches hold locks and device
+    # pointers): it is prepared on its own first call
+    def __deepcopy__(self, memo):
+        return None
+
+    def __reduce__(self):
+        return (_nothing, ())
+
     def holds(self, qs) -> bool:
         """Whether ``qs`` still holds the tensors this was prepared from."""
         st2 = qs.state2
         return (qs.absmax is self.absmax and st2 is self.state2 and self.generation == _generation[0]
                 and (st2 is None or (st2.absmax is self.s2_absmax and st2.code is self.s2_code
                                      and qs.offset is self.offset)))
+
+
+def _nothing():
+    return None
 
 
 def _weight(qs) -> _Weight:
