@@ -172,6 +172,24 @@ class Component:
 
         return rec(0)
 
+    def _completes(self, d: int, values: list, memo: dict) -> bool:
+        """Whether some completion of ``values[:d]`` satisfies every rule (memoised in ``memo`` on the
+        frontier: what is left depends only on the assigned knobs still tied to later ones)."""
+        if d == len(self.order):
+            return True
+        key = (d, tuple(values[i] for i in self.frontier[d]))
+        got = memo.get(key)
+        if got is None:
+            got = False
+            for v in self.domains[self.order[d]]:
+                values[d] = v
+                if self._valid(d, values) and self._completes(d + 1, values, memo):
+                    got = True
+                    break
+            values[d] = None
+            memo[key] = got
+        return got
+
     def iter_sources(self) -> Iterator[dict]:
         """Each distinct assignment of the shown knobs, with the first values of the hidden knobs
         (in their domains' order) that complete it: {name: value}, in the order of the knobs'
@@ -181,21 +199,7 @@ class Component:
         domains = [self.domains[n] for n in self.order]
 
         def alive(d):
-            """Some completion of values[:d] exists (memoised on the frontier)."""
-            if d == len(self.order):
-                return True
-            key = (d, tuple(values[i] for i in self.frontier[d]))
-            got = memo.get(key)
-            if got is None:
-                got = False
-                for v in domains[d]:
-                    values[d] = v
-                    if self._valid(d, values) and alive(d + 1):
-                        got = True
-                        break
-                values[d] = None
-                memo[key] = got
-            return got
+            return self._completes(d, values, memo)
 
         def witness(d):
             """Set the hidden knobs from depth d on to their first values that complete the assignment."""
@@ -233,20 +237,7 @@ class Component:
         exist_memo: dict = {}
 
         def exists(d):
-            if d == len(self.order):
-                return True
-            key = (d, tuple(values[i] for i in self.frontier[d]))
-            got = exist_memo.get(key)
-            if got is None:
-                got = False
-                for v in domains[d]:
-                    values[d] = v
-                    if self._valid(d, values) and exists(d + 1):
-                        got = True
-                        break
-                values[d] = None
-                exist_memo[key] = got
-            return got
+            return self._completes(d, values, exist_memo)
 
         weights = []
         t_end = time.perf_counter() + seconds
