@@ -83,14 +83,33 @@ def bench_runtime_problem(problem: Problem, seed: Optional[int] = None, **timing
                          b.median, b.iqr, g, 100.0 * g / copy_gbps, speedup(b.median, r.median), seed, after)
 
 
+def _host_us(fn, calls: int, rounds: int, warmup: int = 20) -> tuple:
+    """Host microseconds per call of ``fn`` (median and spread over ``rounds`` of ``calls`` back to back, the GPU
+    synchronised between rounds; ``calls`` small enough that the launch queue never fills, so the GPU's own
+    time cannot enter)."""
+    import statistics
+    import time
+
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    per = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(per), max(per) - min(per)
+
+
 def host_overhead(shape=(256, 256), dtype: str = "bf16", calls: int = 3000, rounds: int = 5) -> dict:
     """Host microseconds per call (median of ``rounds``), on a problem small enough that the GPU
     keeps up with the launches: a bare launch of the served variant (its packed cuLaunchKernel),
     the same variant through cuda.core's ``launch``, the runtime call with and without ``out``,
     and bnb's ``dequantize_4bit``."""
-    import statistics
-    import time
-
     import torch
     import bitsandbytes.functional as F
     from ..serve import runtime
@@ -120,20 +139,7 @@ def host_overhead(shape=(256, 256), dtype: str = "bf16", calls: int = 3000, roun
         "torch.empty of the output alone (reference)": lambda: torch.empty(qs.shape, dtype=qs.dtype, device="cuda"),
         "out.new_empty of the output alone (reference)": lambda: out.new_empty(qs.shape),
     }
-    result = {}
-    for name, fn in cases.items():
-        for _ in range(200):
-            fn()
-        torch.cuda.synchronize()
-        per_round = []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            per_round.append((time.perf_counter() - t0) / calls * 1e6)
-            torch.cuda.synchronize()
-        result[name] = statistics.median(per_round)
-    return result
+    return {name: _host_us(fn, calls, rounds, warmup=200)[0] for name, fn in cases.items()}
 
 
 def linear4bit_forward(in_features: int = 4096, out_features: int = 14336, batch: int = 4096,
@@ -271,28 +277,6 @@ def format_matmul_runtime(reports: Sequence[dict]) -> str:
 # ----------------------------------------------------------------------------- host time per call
 #: the matmul shapes of `bench --host`: three that the H100 and H200 tables hold, one that neither does
 HOST_SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (18944, 3584))
-
-
-def _host_us(fn, calls: int, rounds: int) -> tuple:
-    """Host microseconds per call of ``fn`` (median and spread over ``rounds`` of ``calls`` back to back, the GPU
-    synchronised between rounds; ``calls`` small enough that the launch queue never fills, so the GPU's own
-    time cannot enter)."""
-    import statistics
-    import time
-
-    import torch
-
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    per = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(per), max(per) - min(per)
 
 
 def host_matmul(shapes=HOST_SHAPES, batches=(1, 8), dtype: str = "bf16", calls: int = 200, rounds: int = 15) -> list:
