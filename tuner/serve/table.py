@@ -131,32 +131,37 @@ class ConfigTable:
     def entry(self, gpu: str, problem: Problem) -> Optional[Entry]:
         return next((e for e in self.entries if e.gpu == gpu and e.problem == problem), None)
 
-    def neighbours(self, gpu: str, problem: Problem) -> list:
+    def neighbours(self, gpu: str, problem: Problem, any_bucket: bool = False) -> list:
         """The entries a transfer to ``problem`` may take from, nearest first: tuned on that GPU model for
-        the same family, dtype, quant type and batch bucket, another shape, and measured faster than bnb."""
-        same = [e for e in self.entries if e.gpu == gpu and e.problem.family == problem.family
+        the same family, dtype, quant type and batch bucket (``any_bucket``: any bucket, the problem's first,
+        then the nearest), another problem, and measured faster than bnb."""
+        near = [e for e in self.entries if e.gpu == gpu and e.problem.family == problem.family
                 and e.problem.dtype == problem.dtype and e.problem.quant == problem.quant
-                and e.problem.m == problem.m and e.problem != problem
+                and (any_bucket or e.problem.m == problem.m) and e.problem != problem
                 and e.speedup_vs_bnb is not None and e.speedup_vs_bnb > 1.0]
-        return sorted(same, key=lambda e: shape_distance(problem, e.problem))
+        return sorted(near, key=lambda e: (e.problem.m != problem.m,
+                                           abs((e.problem.m or 1).bit_length() - (problem.m or 1).bit_length()),
+                                           shape_distance(problem, e.problem)))
 
-    def transfer(self, gpu: str, problem: Problem, accepts) -> Optional[Choice]:
-        """The config of the nearest neighbour (:meth:`neighbours`) whose launch plan accepts ``problem``
-        (``accepts(config)``: True, or the reason it refuses), carried over to the problem's problem knobs;
-        None when no neighbour's config fits. Never a hand-written rule per shape."""
+    def fitting(self, gpu: str, problem: Problem, accepts, any_bucket: bool = False):
+        """(entry, its config carried over to the problem's problem knobs) of each neighbour
+        (:meth:`neighbours`) whose config ``accepts(config)`` takes (True, or the reason it refuses: the
+        launch plan's verdict), nearest first."""
         family = get_family(problem.family)
-        refused = []
-        for e in self.neighbours(gpu, problem):
+        for e in self.neighbours(gpu, problem, any_bucket):
             try:
                 config = family.for_problem(e.config, problem)
-            except InvalidConfig as err:
-                refused.append(f"{e.problem.label()}: {err}")
+            except InvalidConfig:
                 continue
-            verdict = accepts(config)
-            if verdict is True:
-                return Choice(config, "transfer", e.problem.label(), e.table,
-                              f"{e.speedup_vs_bnb:.2f}x bnb on {e.problem.shape_text}")
-            refused.append(f"{e.problem.label()}: {verdict}")
+            if accepts(config) is True:
+                yield e, config
+
+    def transfer(self, gpu: str, problem: Problem, accepts) -> Optional[Choice]:
+        """The config of the nearest neighbour of the same batch bucket whose launch plan accepts ``problem``
+        (:meth:`fitting`); None when no neighbour's config fits. Never a hand-written rule per shape."""
+        for e, config in self.fitting(gpu, problem, accepts):
+            return Choice(config, "transfer", e.problem.label(), e.table,
+                          f"{e.speedup_vs_bnb:.2f}x bnb on {e.problem.shape_text}")
         return None
 
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Optional
 
-from ..families.matmul import MATMUL, MatmulInputs, check_matmul_inputs
-from ..vocabulary import InvalidConfig, Problem, m_bucket, speedup
+from ..families.matmul import MatmulInputs, check_matmul_inputs
+from ..vocabulary import Problem, m_bucket, speedup
 
 __all__ = ["BUDGET_S", "MAX_CANDIDATES", "AutotuneResult", "candidates", "autotune_call", "autotune",
            "enable_first_use", "disable_first_use", "write_user_entry"]
@@ -67,24 +67,12 @@ def candidates(table, gpu: str, problem: Problem, accepts, limit: int = MAX_CAND
     quant type, faster than bnb; the problem's batch bucket first, then the other buckets), carried over to
     the problem's problem knobs, that the family's constraints and ``accepts(config)`` (the launch plan)
     take; nearest first, each once, at most ``limit``."""
-    from ..serve.table import shape_distance
-
-    near = [e for e in table.entries if e.gpu == gpu and e.problem.family == problem.family
-            and e.problem.dtype == problem.dtype and e.problem.quant == problem.quant
-            and e.speedup_vs_bnb is not None and e.speedup_vs_bnb > 1.0]
-    near.sort(key=lambda e: (e.problem.m != problem.m, abs((e.problem.m or 1).bit_length() - (problem.m or 1)
-                                                          .bit_length()), shape_distance(problem, e.problem)))
     out: list = []
-    for e in near:
-        try:
-            config = MATMUL.for_problem(e.config, problem)
-        except InvalidConfig:
-            continue
-        if config in out or accepts(config) is not True:
-            continue
-        out.append(config)
-        if len(out) == limit:
-            break
+    for _, config in table.fitting(gpu, problem, accepts, any_bucket=True):
+        if config not in out:
+            out.append(config)
+            if len(out) == limit:
+                break
     return out
 
 
