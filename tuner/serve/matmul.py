@@ -213,6 +213,12 @@ class _Weight:
     def __reduce__(self):
         return (_nothing, ())
 
+    def decide(self, problem: Problem, index: int) -> Decision:
+        """:func:`serve_decision` for this weight's ``problem`` on CUDA device ``index``, a transfer taking only a
+        config whose launch plan (with its kernel's registers) takes the shape at the bucket's rows."""
+        return serve_decision(gpu_name(index), problem, lambda c: _plan_verdict(
+            c, problem.m, self.N, self.K, self.blocksize, self.groupsize, index))
+
     def holds(self, qs) -> bool:
         """Whether ``qs`` still holds the tensors this was prepared from."""
         st2 = qs.state2
@@ -247,15 +253,11 @@ def _prepare(w: _Weight, qs, A, M: int, bias, B=None):
     index = A.get_device()
     problem = problem_of(qs, dtype, N, K, M)
 
-    def accepts(config):
-        return _plan_verdict(config, problem.m, N, K, w.blocksize, w.groupsize, index)
-
-    gpu = gpu_name(index)
     hook = _first_use[0]
     if (hook is not None and B is not None and not getattr(declined, "on", False)
-            and _table.current_table().entry(gpu, problem) is None):
+            and _table.current_table().entry(gpu_name(index), problem) is None):
         hook(A, qs, bias, B)
-    d = serve_decision(gpu, problem, accepts)
+    d = w.decide(problem, index)
     if not d.served:
         return BNB
     from ..kernel.arch import device_limits
@@ -382,8 +384,7 @@ def explain_matmul(A, quant_state, bias=None) -> Decision:
     w = _weight(quant_state)
     problem = problem_of(quant_state, dtype, N, K, M)
     index = A.get_device()
-    d = serve_decision(gpu_name(index), problem,
-                       lambda c: _plan_verdict(c, problem.m, N, K, w.blocksize, w.groupsize, index))
+    d = w.decide(problem, index)
     if d.served:
         s = served_call(A, quant_state, M, bias)
         if s is BNB:
