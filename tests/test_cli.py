@@ -287,3 +287,38 @@ def test_export_of_an_empty_database_fails_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "c.json"
     assert cli.main(["export", "--db", str(tmp_path / "empty.db"), "-o", str(out)]) == 2
     assert not out.exists()
+
+
+def test_export_over_a_table_replaces_only_the_problems_the_database_holds(tmp_path, capsys):
+    from nf4tune.serve.table import PACKAGED_TABLE, ConfigTable
+
+    db = _h200_copy(tmp_path)
+    base = json.loads(PACKAGED_TABLE.read_text())
+    out = tmp_path / "table.json"
+    assert cli.main(["export", "--db", str(db), "-o", str(out)]) == 0
+    fresh = json.loads(out.read_text())["entries"]
+    out.write_text(PACKAGED_TABLE.read_text())
+    assert cli.main(["export", "--db", str(db), "--over", str(out), "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    merged = json.loads(out.read_text())["entries"]
+
+    def key(e):
+        return (e["gpu"], e["family"], tuple(e["shape"]), e["dtype"], e["quant"], e["blocksize"], e.get("m"))
+
+    replaced = {key(e) for e in fresh} & {key(e) for e in base["entries"]}
+    assert replaced and f"{len(replaced)} of its {len(base['entries'])} entries replaced" in said
+    assert len(merged) == len({key(e) for e in merged}) == len({key(e) for e in fresh} | {key(e) for e in base["entries"]})
+    by_key = {key(e): e for e in merged}
+    for e in fresh:                       # the database wins where both hold a problem
+        assert by_key[key(e)]["config"] == e["config"] and by_key[key(e)]["median_us"] == e["median_us"]
+    for e in base["entries"]:             # the rest of the table is kept as it was
+        if key(e) not in replaced:
+            assert by_key[key(e)] == e
+    ConfigTable.from_file(out)            # the runtime reads it
+    # a base that is no table is refused before anything is written
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    assert cli.main(["export", "--db", str(db), "--over", str(bad), "-o", str(tmp_path / "x.json")]) == 2
+    assert "--over" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
+    assert cli.main(["export", "--db", str(db), "--over", str(db), "-o", str(tmp_path / "x.json")]) == 2
+    assert "database" in capsys.readouterr().err and not (tmp_path / "x.json").exists()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ._common import CannotRun, add_db_arg, open_repo, output_file
+from ._common import CannotRun, UserError, add_db_arg, open_repo, output_file
 
 
 def add_parser(sub):
@@ -16,6 +16,10 @@ def add_parser(sub):
                                    "followed) and refused when it is the --db file, any SQLite file or a "
                                    "-wal/-shm/-journal file.")
     p.add_argument("-o", "--output", required=True, metavar="FILE")
+    p.add_argument("--over", metavar="TABLE",
+                   help="lay the database's entries over this table file (one written by export, such as the "
+                        "packaged tuner/serve/tuned_configs.json): its entries for a (GPU model, problem) the "
+                        "database holds are replaced, the others kept as they are. -o may name the same file")
     add_db_arg(p)
     p.set_defaults(func=run)
 
@@ -26,10 +30,29 @@ def run(args) -> int:
     from ..serve.table import table_document
 
     output_file(args.output)
+    base = _base_entries(args.over) if args.over else []
     repo = open_repo(args.db, read_only=True)
     entries = table_entries(repo)
     if not entries:
         raise CannotRun(f"no valid measurement stored in {repo.url}: nothing to export")
-    atomic_write(args.output, json.dumps(table_document(entries), indent=2))
-    print(f"wrote {len(entries)} tuned problem(s) to {args.output}")
+    mine = {_entry_key(e) for e in entries}
+    kept = [e for e in base if _entry_key(e) not in mine]
+    atomic_write(args.output, json.dumps(table_document(entries + kept), indent=2))
+    over = f" over {args.over} ({len(base) - len(kept)} of its {len(base)} entries replaced)" if args.over else ""
+    print(f"wrote {len(entries)} tuned problem(s){over} to {args.output}")
     return 0
+
+
+def _entry_key(e: dict) -> tuple:
+    return (e["gpu"], e["family"], tuple(e["shape"]), e["dtype"], e["quant"], e["blocksize"], e.get("m"))
+
+
+def _base_entries(path) -> list:
+    """The entries of the table file ``path`` as written (checked by the runtime's own reader first)."""
+    from ..serve.table import ConfigTable
+
+    try:
+        ConfigTable.from_file(path)
+        return list(json.loads(open(path, "rb").read())["entries"])
+    except (ValueError, OSError, KeyError, TypeError) as e:
+        raise UserError(f"--over: {e}") from None
