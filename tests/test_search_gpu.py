@@ -120,3 +120,27 @@ def test_search_on_every_visible_gpu(tmp_path):
     assert [t.number for t in study.trials if t.state == TrialState.RUNNING] == []
     assert {t.user_attrs.get("worker") for t in finished} == {f"gpu{d}" for _, d in devices}
     assert any(t.state == TrialState.COMPLETE for t in finished)
+
+
+def test_an_exhaustive_screen_is_stored_and_export_over_the_table_serves_its_best(tmp_path):
+    """bench --exhaustive --db records its finalists (as a bench run), and export --over lays them over a table."""
+    import json
+
+    from nf4tune.serve.table import PACKAGED_TABLE, ConfigTable
+
+    db = tmp_path / "screen.db"
+    cmd = [sys.executable, "-m", "nf4tune.cli", "bench", "--family", "matmul", "--exhaustive", "--shape", "1000x4096",
+           "--m", "1", "--sweep", "mma=simt", "--sweep", "warps=4", "--sweep", "rows_per_warp=2", "--sweep", "ksplit=1",
+           "--finalists", "2", "--time-cap", "0.5", "--db", str(db)]
+    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "exhaustive best:" in r.stdout and "stored as run" in r.stderr
+    out = tmp_path / "table.json"
+    r = subprocess.run([sys.executable, "-m", "nf4tune.cli", "export", "--db", str(db), "--over", str(PACKAGED_TABLE),
+                        "-o", str(out)], env=_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    entries = json.loads(out.read_text())["entries"]
+    mine = [e for e in entries if e["shape"] == [1000, 4096] and e["family"] == "matmul"]
+    assert len(mine) == 1 and mine[0]["config"]["mma"] == "simt" and mine[0]["median_us"] > 0
+    assert len(entries) == len(json.loads(PACKAGED_TABLE.read_text())["entries"]) + 1
+    ConfigTable.from_file(out)

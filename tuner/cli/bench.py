@@ -394,7 +394,7 @@ def _exhaustive(args) -> int:
         return _exhaustive_screens(args, problems, family, spaces, given, repo, gpu, None)
     from ..measure.record import recorded_run
 
-    with recorded_run("screen", None, gpu, command=command_line(), repo=store) as rec:
+    with recorded_run("bench", None, gpu, command=command_line(), repo=store) as rec:
         code = _exhaustive_screens(args, problems, family, spaces, given, repo, gpu, rec)
     print(f"the finalists' measurements are stored as run {rec.run.id} in {store.url} (nf4-tune export makes the "
           "serving table of them)", file=sys.stderr)
