@@ -256,3 +256,30 @@ def test_sass_snapshots_compare_byte_for_byte(tmp_path):
     assert len(diff) == 1 and "missing" in diff[0]
     (tmp_path / "b" / "dequant-0000.sass").write_text("changed")
     assert ["different SASS" in line for line in compare_snapshots(tmp_path / "a", tmp_path / "b")] == [True]
+
+
+def test_the_cubin_records_the_registers_the_log_says_and_a_cache_entry_without_them_reads_them(tmp_path):
+    """ptxas's "Used N registers" line is not in every compile log (a GPU machine's NVRTC gave none for one
+    kernel): the CUBIN's .nv.info REGCOUNT is the same count, and a cached entry without it takes that."""
+    import json
+
+    from nf4tune.families import MATMUL as MM
+    from nf4tune.kernel.compiler import cubin_registers
+
+    configs = [MM.config(load_bytes=16, rows_per_warp=2, mtile=1, warps=2, ksplit=4, m=1),
+               MM.config(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=8, lut="pairx",
+                         astage="shared", span=2, m=1),
+               D.config()]
+    seen = set()
+    for c in configs:
+        k = C.compile_config(c, "sm_90", cache_dir=tmp_path)
+        assert k.registers and cubin_registers(k.cubin) == k.registers
+        seen.add(k.registers)
+        meta_path = next(tmp_path.glob(f"*/{k.key}.json"))
+        meta = json.loads(meta_path.read_text())
+        meta["registers"] = None
+        meta_path.write_text(json.dumps(meta))
+        again = C.compile_config(c, "sm_90", cache_dir=tmp_path)
+        assert again.cached and again.registers == k.registers
+    assert len(seen) > 1                                  # the counts differ: not one constant read back
+    assert cubin_registers(b"not an ELF file") is None

@@ -122,6 +122,36 @@ def _parse_resources(log: str):
             int(spill.group(2)) if spill else None)
 
 
+_EIATTR_REGCOUNT = 0x2F   # an .nv.info attribute: (function symbol, registers per thread)
+
+
+def cubin_registers(cubin: bytes) -> Optional[int]:
+    """The registers per thread that the CUBIN's ``.nv.info`` section records for its kernel (the most, if it
+    holds several), or None: the count when the compile log does not carry ptxas's ``Used N registers`` line.
+    Attributes are 4-byte headers (format, attribute, a 16-bit value or size); format 4 carries ``size`` bytes."""
+    import struct
+
+    try:
+        shoff, = struct.unpack_from("<Q", cubin, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+        heads = [struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+        names = heads[shstrndx][4]
+        found = []
+        for name_off, _type, _flags, _addr, off, size in heads:
+            name = cubin[names + name_off:cubin.index(b"\0", names + name_off)]
+            if not name.startswith(b".nv.info"):
+                continue
+            p = off
+            while p + 4 <= off + size:
+                fmt, attr, value = struct.unpack_from("<BBH", cubin, p)
+                if fmt == 0x04 and attr == _EIATTR_REGCOUNT and value >= 8:
+                    found.append(struct.unpack_from("<I", cubin, p + 8)[0])
+                p += 4 + (value if fmt == 0x04 else 0)
+        return max(found) if found else None
+    except (struct.error, ValueError, IndexError):
+        return None
+
+
 def _read_cache(cache_dir: Path, key: str, arch: str, kernel_name: str) -> Optional[CompiledKernel]:
     cubin_path = cache_dir / key[:2] / f"{key}.cubin"
     meta_path = cache_dir / key[:2] / f"{key}.json"
@@ -132,7 +162,10 @@ def _read_cache(cache_dir: Path, key: str, arch: str, kernel_name: str) -> Optio
         return None
     if hashlib.sha256(cubin).hexdigest() != meta.get("cubin_sha256"):
         return None  # torn or corrupted entry: recompile
-    return CompiledKernel(cubin=cubin, arch=arch, key=key, registers=meta.get("registers"),
+    registers = meta.get("registers")
+    if registers is None:
+        registers = cubin_registers(cubin)
+    return CompiledKernel(cubin=cubin, arch=arch, key=key, registers=registers,
                           spill_stores=meta.get("spill_stores"), spill_loads=meta.get("spill_loads"),
                           log=meta.get("log", ""), cached=True, kernel_name=kernel_name)
 
@@ -158,6 +191,8 @@ def compile_source(source: str, arch: str, kernel_name: str, cache_dir: Optional
     log = logbuf.getvalue()
     cubin = bytes(obj.code)
     regs, ss, sl = _parse_resources(log)
+    if regs is None:              # a log without ptxas's resource line (seen on a GPU machine): the CUBIN's own count
+        regs = cubin_registers(cubin)
     if use_cache:
         meta = dict(registers=regs, spill_stores=ss, spill_loads=sl, log=log, arch=arch,
                     nvrtc=nvrtc_version(), cubin_sha256=hashlib.sha256(cubin).hexdigest())

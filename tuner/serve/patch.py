@@ -6,7 +6,9 @@
   autograd go straight to :func:`nf4tune.serve.matmul.fused_or_none` (a lookup of the weight's prepared
   launch), skipping bnb's checks, its torch.library dispatch and its per-call ``Params4bit`` accesses;
   where bnb serves (decided once per weight and batch) they call bnb's own function, and the decision
-  is not asked again underneath. Under ``torch.compile`` (tracing) and with autograd they are bnb's;
+  is not asked again underneath. With autograd they are bnb's, its ``gemm_4bit`` op underneath
+  included (the weight still dequantized by the bit-exact runtime); under ``torch.compile`` (tracing)
+  they are bnb's and the op-level paths below serve;
 
 - ``bitsandbytes.functional.dequantize_4bit`` (which ``Linear4bit`` and ``matmul_4bit`` call when
   autograd is on) for :func:`nf4tune.serve.runtime.dequantize_4bit`;
@@ -83,8 +85,11 @@ class BnbPatch:
         original_matmul = bnb.matmul_4bit
 
         def patched_matmul_4bit(A, B, quant_state, out=None, bias=None):
-            if (quant_state is not None and not getattr(_declined, "on", False) and A.is_cuda and not compiling()
-                    and not (grad_enabled() and (A.requires_grad or (bias is not None and bias.requires_grad)))):
+            if quant_state is not None and not getattr(_declined, "on", False) and A.is_cuda and not compiling():
+                if grad_enabled() and (A.requires_grad or (bias is not None and bias.requires_grad)):
+                    # autograd: bnb's own forward, and its gemm_4bit op underneath not asked either (the
+                    # weight is still dequantized by the bit-exact runtime where bnb dequantizes)
+                    return declined(original_matmul, A, B, quant_state, out, bias)
                 shape = quant_state.shape
                 if shape is not None and len(shape) == 2:
                     y = fused_or_none(A, B, quant_state, out, bias)
@@ -107,8 +112,10 @@ class BnbPatch:
             if qs is not None and module.compute_type_is_set and x.is_cuda and not compiling():
                 cd = module.compute_dtype
                 bias = params.get("bias")
-                if ((cd is None or cd == x.dtype) and (bias is None or bias.dtype == x.dtype)
-                        and not (grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)))):
+                if grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)
+                                       or w.requires_grad):
+                    return declined(original_forward, module, x)    # autograd: bnb's, as in patched_matmul_4bit
+                if (cd is None or cd == x.dtype) and (bias is None or bias.dtype == x.dtype):
                     y = fused_or_none(x, w, qs, None, bias)
                     if y is not None:
                         return y
