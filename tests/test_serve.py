@@ -68,8 +68,8 @@ def test_transfer_never_picks_a_config_whose_plan_refuses_the_shape(packaged):
         if choice is None:
             refused_all += 1
             for e in neighbours:
-                if e.speedup_vs_bnb < T.TRANSFER_MIN_SPEEDUP:   # below the transfer's margin: not taken
-                    continue
+                if m > T.TRANSFER_MAX_M:                         # no transfer above it
+                    break
                 try:
                     assert accepts(MM.for_problem(e.config, prob)) is not True, (prob.label(), e.problem.label())
                 except Exception as err:            # the problem knobs conflict with the config: not carried
@@ -79,7 +79,7 @@ def test_transfer_never_picks_a_config_whose_plan_refuses_the_shape(packaged):
         assert accepts(choice.config) is True, (prob.label(), choice.describe())
         assert choice.config.m == m and choice.config.dtype == "bf16"
         src = next(e for e in neighbours if e.problem.label() == choice.tuned_for)
-        assert src.problem.m == m and src.speedup_vs_bnb >= T.TRANSFER_MIN_SPEEDUP
+        assert src.problem.m == m <= T.TRANSFER_MAX_M and src.speedup_vs_bnb > 1.0
     assert picked > 100 and refused_all > 0, (picked, refused_all)
 
 
@@ -88,7 +88,7 @@ def test_the_rules_in_order_exact_then_the_nearest_fitting_neighbour_then_bnb(tm
     far_cfg = MM.builtin_default(P(m=1)).replace(warps=4)
     slow_cfg = MM.builtin_default(P(m=1)).replace(ksplit=2)
     try:
-        _use(tmp_path, [_entry(near_cfg, 4096, 4096, 1, 1.8), _entry(far_cfg, 28672, 8192, 1, 2.0),
+        _use(tmp_path, [_entry(near_cfg, 4096, 4096, 1, 1.5), _entry(far_cfg, 28672, 8192, 1, 2.0),
                         _entry(slow_cfg, 4096, 3584, 1, 0.9), _entry(far_cfg, 4096, 4096, 8, 3.0),
                         _entry(near_cfg, 1024, 4096, 1, 0.8)])
         prob = P(4096, 3584, 1)
@@ -110,11 +110,12 @@ def test_the_rules_in_order_exact_then_the_nearest_fitting_neighbour_then_bnb(tm
             assert not d.served and d.rule == "bnb" and "not tuned" in d.reason
         assert not rt.serve_decision("GPU Y", P(4096, 2048, 1)).served
         assert all(e.speedup_vs_bnb > 1 for e in T.current_table().neighbours("GPU X", P(1024, 2048, 1)))
-        # a neighbour faster than bnb by less than the transfer's margin is passed over: bnb serves
-        _use(tmp_path, [_entry(near_cfg, 4096, 4096, 64, 1.3), _entry(far_cfg, 4096, 4096, 32, 1.9)])
+        # no transfer above the largest bucket it serves, however fast the neighbour: bnb serves
+        _use(tmp_path, [_entry(near_cfg, 4096, 4096, 64, 3.0), _entry(far_cfg, 4096, 4096, 32, 1.9)])
         d = rt.serve_decision("GPU X", P(4096, 3584, 64))
-        assert not d.served and d.rule == "bnb"
+        assert T.TRANSFER_MAX_M == 32 and not d.served and d.rule == "bnb"
         assert rt.serve_decision("GPU X", P(4096, 3584, 32)).rule == "transfer"
+        assert rt.serve_decision("GPU X", P(4096, 4096, 64)).rule == "exact"
     finally:
         T.use_configs(None)
 

@@ -2,6 +2,7 @@
 again when the weight changes), the transfer to shapes nobody tuned, patched eager ``generate`` against
 bnb, and the per-user autotune table reused by a second process."""
 
+import copy
 import json
 import os
 import subprocess
@@ -116,7 +117,11 @@ def test_patched_eager_generate_agrees_with_bnb_within_bnbs_own_error(seed):
     forward = bnb.nn.Linear4bit.forward
 
     def exact(self, x):
-        w = F.dequantize_4bit(self.weight, self.weight.quant_state).float()
+        # code x absmax in float32 (a quant state of dtype float32): the values the 4-bit weight stands for, not
+        # bnb's bf16 rounding of them (a reference of bnb's own rounded weights would favour bnb's path)
+        qs = copy.copy(self.weight.quant_state)
+        qs.dtype = torch.float32
+        w = F.dequantize_4bit(self.weight, qs)
         return torch.nn.functional.linear(x.float(), w, None if self.bias is None else self.bias.float()).to(x.dtype)
 
     bnb.nn.Linear4bit.forward = exact

@@ -35,7 +35,7 @@ from ..families.matmul import MatmulPlan, check_matmul_inputs, stat_args
 from ..vocabulary import M_BUCKETS, InvalidConfig, Problem, UnsupportedInput, m_bucket
 from . import runtime as _runtime
 from . import table as _table
-from .table import Choice
+from .table import TRANSFER_MAX_M, Choice
 
 __all__ = ["matmul_4bit", "explain_matmul", "serve_decision", "Decision", "served_call", "fused_or_none", "run_bnb",
            "gpu_name", "plan_verdict", "set_first_use_hook", "BNB"]
@@ -90,8 +90,8 @@ def gpu_name(index: int) -> str:
 
 def serve_decision(gpu: str, problem: Problem, accepts=None) -> Decision:
     """Whether and how the tuned kernel serves ``problem`` on GPU model ``gpu``: the exact table entry if it
-    was measured faster than bnb at that batch bucket; else a transfer from the nearest neighbours measured
-    faster than bnb whose config ``accepts(config)`` (True, or why not: the launch plan's verdict) takes;
+    was measured faster than bnb at that batch bucket; else (M <= ``TRANSFER_MAX_M``) a transfer from the nearest
+    neighbours measured faster than bnb whose config ``accepts(config)`` (True, or why not: the launch plan's verdict) takes;
     else bnb. ``accepts`` None: only the family's constraints are checked (a planning question asked
     without the device)."""
     key = (gpu, problem)
@@ -113,8 +113,9 @@ def serve_decision(gpu: str, problem: Problem, accepts=None) -> Decision:
                          f"the tuned variant was not faster than bnb at m={problem.m} ({x}), and no neighbour's "
                          "config serves it: bnb serves it")
         else:
-            d = Decision(False, None, f"{problem.label()} is not tuned for {gpu} and no tuned neighbour's config "
-                                      "takes its shape: bnb serves it")
+            why = (f"no transfer above M = {TRANSFER_MAX_M}" if (problem.m or 1) > TRANSFER_MAX_M
+                   else "no tuned neighbour's config takes its shape")
+            d = Decision(False, None, f"{problem.label()} is not tuned for {gpu} and {why}: bnb serves it")
     with _lock:
         _decisions[key] = d
     return d

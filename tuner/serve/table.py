@@ -157,22 +157,23 @@ class ConfigTable:
                 yield e, config
 
     def transfer(self, gpu: str, problem: Problem, accepts) -> Optional[Choice]:
-        """The config of the nearest neighbour of the same batch bucket, measured at least
-        :data:`TRANSFER_MIN_SPEEDUP` x bnb, whose launch plan accepts ``problem`` (:meth:`fitting`); None when
-        no such neighbour's config fits. Never a hand-written rule per shape."""
+        """The config of the nearest neighbour of the same batch bucket whose launch plan accepts ``problem``
+        (:meth:`fitting`); None when no neighbour's config fits, and for a batch bucket above
+        :data:`TRANSFER_MAX_M`. Never a hand-written rule per shape."""
+        if (problem.m or 1) > TRANSFER_MAX_M:
+            return None
         for e, config in self.fitting(gpu, problem, accepts):
-            if e.speedup_vs_bnb < TRANSFER_MIN_SPEEDUP:
-                continue
             return Choice(config, "transfer", e.problem.label(), e.table,
                           f"{e.speedup_vs_bnb:.2f}x bnb on {e.problem.shape_text}")
         return None
 
 
-#: A transferred config keeps only part of its neighbour's lead over bnb: on an H100 (2026-12-07, `nf4-tune bench
-#: --family matmul --runtime`) it kept 0.62-0.74 of it where the lead was small (neighbours at 1.30x, 1.47x and
-#: 1.68x bnb served 0.81x, 1.02x and 1.25x at M = 64), and more at M <= 32. A neighbour must lead by 1 / 0.62
-#: for its config to be expected no slower than bnb on another shape.
-TRANSFER_MIN_SPEEDUP = 1.6
+#: The largest batch bucket a transfer serves. On an H100 (2026-12-07, `nf4-tune bench --family matmul --runtime`,
+#: the packaged table) every transfer at M = 1..32 ran 1.14-2.74x bnb, and at M = 64 0.55-1.25x: there the tuned
+#: entries lead bnb's dequantize-and-cuBLAS path by little (1.3-1.7x) and a neighbour's tile does not carry over,
+#: whether the neighbour led by 1.3x (0.81x served) or by 1.7x (0.55x and 0.83x served). Above it, bnb serves
+#: what has no entry of its own; autotuning can still find one.
+TRANSFER_MAX_M = 32
 
 
 def user_table_path() -> Path:
