@@ -209,15 +209,15 @@ def test_windows_over_several_blocks_at_their_blocksize(seed, config):
             assert r.ok, f"{base.short()} {n}x{k}: {r.reason}"
 
 
-def _fitting_k(configs, m, bs) -> int:
-    """The longest of K = 3 x 1024 + 2 x bs (several windows and groups of K, a partial last one) and
-    1024 + 2 x bs whose launch plan takes every one of ``configs`` (a batch tile of 32 rows stages A of a long
-    K beyond the shared memory); a skip when neither does."""
+def _fitting_k(configs, m, bs, ks=None, n=999) -> int:
+    """The first K of ``ks`` (default: 3 x 1024 + 2 x bs, several windows and groups of K with a partial last
+    one, then 1024 + 2 x bs) whose launch plan takes every one of ``configs`` at N = ``n`` (a batch tile of 32
+    rows stages A of a long K beyond the shared memory); a skip when none does."""
     registers = {c: _registers(c) for c in configs}
-    for k in (3 * 1024 + 2 * bs, 1024 + 2 * bs):
+    for k in ks or (3 * 1024 + 2 * bs, 1024 + 2 * bs):
         try:
             for c in configs:
-                MatmulPlan(c, m, 999, k, bs, 256, _limits(), registers[c], device="cpu")
+                MatmulPlan(c, m, n, k, bs, 256, _limits(), registers[c], device="cpu")
         except UnsupportedInput:
             continue
         return k
@@ -268,8 +268,9 @@ def _same_output_as(seed, config, other):
                            + torch.finfo(outs[1].dtype).eps * b.abs())
                 worst = ((outs[0].double() - b).abs() - allowed).max().item()
                 assert worst <= 0, f"{c.short()} {prob.label()}: differs with {other} beyond the sum order's noise"
-    r = check_config(base, P(28672, 8192, m, bs=bs), seed=seed)
-    assert r.ok, f"{base.short()} 28672x8192: {r.reason}"
+    k = _fitting_k((base,), m, bs, ks=(8192, 4096, 2048), n=28672)    # the large shape, at a K its plan takes
+    r = check_config(base, P(28672, k, m, bs=bs), seed=seed)
+    assert r.ok, f"{base.short()} 28672x{k}: {r.reason}"
 
 
 @pytest.mark.parametrize("config", PRMTQ, ids=[label(c) for c in PRMTQ])
