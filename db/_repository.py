@@ -126,8 +126,9 @@ class Repository:
             stmt = _where_problem(stmt, Measurement, problem).order_by(Measurement.id.desc())
             return s.scalars(stmt).first()
 
-    def best(self, gpu_name: Optional[str], problem: Problem) -> Optional[tuple[dict, Measurement, str]]:
-        """(knobs, measurement, gpu name) of the fastest valid config stored for ``problem``."""
+    def best(self, gpu_name: Optional[str], problem: Problem, keep=None) -> Optional[tuple[dict, Measurement, str]]:
+        """(knobs, measurement, gpu name) of the fastest valid config stored for ``problem`` (with ``keep``: the
+        fastest whose knobs ``keep(knobs)`` takes)."""
         with self.db.session() as s:
             stmt = (select(Measurement, KernelConfigRow.knobs, GPU.name).join(Run, Measurement.run_id == Run.id)
                     .join(GPU, Run.gpu_id == GPU.id)
@@ -136,11 +137,12 @@ class Repository:
             if gpu_name:
                 stmt = stmt.where(GPU.name == gpu_name)
             stmt = _where_problem(stmt, Measurement, problem).order_by(Measurement.median_us.asc(), Measurement.id)
-            row = s.execute(stmt).first()
-            if row is None:
-                return None
-            m, knobs, gname = row
-            return json.loads(knobs), m, gname
+            rows = s.execute(stmt) if keep is not None else filter(None, [s.execute(stmt).first()])
+            for m, knobs, gname in rows:
+                knobs = json.loads(knobs)
+                if keep is None or keep(knobs):
+                    return knobs, m, gname
+            return None
 
     def reference_medians(self, gpu_name: str, problem: Problem, label: str) -> list[float]:
         """Every stored median of the reference ``label`` (e.g. bnb) for this GPU model and problem."""

@@ -322,3 +322,51 @@ def test_export_over_a_table_replaces_only_the_problems_the_database_holds(tmp_p
     assert "--over" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
     assert cli.main(["export", "--db", str(db), "--over", str(db), "-o", str(tmp_path / "x.json")]) == 2
     assert "database" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
+
+
+def test_export_of_the_default_space_leaves_experimental_winners_out(tmp_path, capsys):
+    """The H100 screens hold an mma-cols winner with wload=plain (experimental) 0.2% ahead of its wload=stream
+    twin: --default-space exports the twin, every exported config is of the default space, and each is the
+    fastest such config stored for its problem."""
+    from conftest import example_db
+
+    from nf4tune.db import Repository, connect
+    from nf4tune.families import get
+
+    db = example_db("h100-screens", tmp_path)
+    before = open(db, "rb").read()
+    out_all, out_default = tmp_path / "all.json", tmp_path / "default.json"
+    assert cli.main(["export", "--db", db, "-o", str(out_all)]) == 0
+    assert cli.main(["export", "--db", db, "--default-space", "-o", str(out_default)]) == 0
+    every = {(tuple(e["shape"]), e["family"], e["dtype"], e["m"]): e for e in json.loads(out_all.read_text())["entries"]}
+    default = {(tuple(e["shape"]), e["family"], e["dtype"], e["m"]): e
+               for e in json.loads(out_default.read_text())["entries"]}
+    assert any(get(e["family"]).from_dict(e["config"]).experimental() for e in every.values())
+    assert not any(get(e["family"]).from_dict(e["config"]).experimental() for e in default.values())
+    winner, twin = every[((4096, 14336), "matmul", "bf16", 8)], default[((4096, 14336), "matmul", "bf16", 8)]
+    assert winner["config"]["wload"] == "plain" and twin["config"]["wload"] == "stream"
+    assert twin["config"]["mma"] == "mma-cols" and winner["median_us"] <= twin["median_us"] <= 1.01 * winner["median_us"]
+    repo = Repository(connect(db))
+    for g, prob in repo.problems():
+        key = (prob.shape, prob.family, prob.dtype, prob.m)
+        family = get(prob.family)
+        fastest = min((m.median_us for m, knobs in _stored(repo, g, prob)
+                       if not family.from_dict(knobs).experimental()), default=None)
+        assert (key in default) == (fastest is not None)
+        if fastest is not None:
+            assert default[key]["median_us"] == fastest
+    assert open(db, "rb").read() == before
+
+
+def _stored(repo, gpu, prob):
+    """(measurement, knobs) of every valid config stored for a problem."""
+    from sqlalchemy import select
+
+    from nf4tune.db._models import GPU, KernelConfigRow, Measurement, Run
+    from nf4tune.db._repository import _where_problem
+
+    with repo.db.session() as s:
+        stmt = (select(Measurement, KernelConfigRow.knobs).join(Run, Measurement.run_id == Run.id)
+                .join(GPU, Run.gpu_id == GPU.id).join(KernelConfigRow, Measurement.config_id == KernelConfigRow.id)
+                .where(Measurement.status == "ok", GPU.name == gpu))
+        return [(m, json.loads(k)) for m, k in s.execute(_where_problem(stmt, Measurement, prob))]

@@ -32,16 +32,23 @@ def cols(**knobs):
 
 
 # ----------------------------------------------------------------------------- the declaration
-def test_mma_cols_is_experimental_and_its_knobs_change_no_other_structure():
-    """mma-cols and its knobs' other values are out of the default space (whose counts are as before) and in the
-    whole one; every other structure takes cols_mb, part and table64 at their defaults, its label unchanged; the
-    rendered source names the knobs' macros and joins only common.cuh and mma_cols.cu after the code table."""
-    assert (MM.count().configs, MM.count().sources) == (935800, 7128)
+def test_mma_cols_is_in_the_default_space_and_its_knobs_change_no_other_structure():
+    """mma-cols won a served entry (H100, 4096x14336 M = 8), so it and the knob values it won with (cols_mb 4,
+    table64 0) are in the default space, and its other values (cols_mb 2 and 8, parts of 32 and 128) only in the
+    whole one; the default space grows by mma-cols' sources alone; every other structure takes cols_mb, part and
+    table64 at their defaults, its label unchanged; the rendered source names the knobs' macros and joins only
+    common.cuh and mma_cols.cu after the code table."""
+    assert (MM.count().configs, MM.count().sources) == (942240, 7312)
+    without = MM.count(mma=[v for v in MM.knob("mma").values if v != "mma-cols"])
+    assert (without.configs, without.sources) == (935800, 7128)        # the default space before mma-cols joined
     default = {c.mma for c in MM.iter_sources(dtype=["bf16"], quant=["nf4"], m=[1])}
-    whole = {c.mma for c in MM.iter_sources(experimental=True, dtype=["bf16"], quant=["nf4"], m=[1])}
-    assert "mma-cols" not in default and "mma-cols" in whole
+    assert "mma-cols" in default
     c = cols()
-    assert c.experimental() == ("mma",) and not MM.in_space(c) and MM.in_space(c, experimental=True)
+    assert c.experimental() == () and MM.in_space(c)
+    for knob, value in (("cols_mb", 2), ("part", 32), ("part", 128)):
+        other = MM.config(**{**M1, "mtile": 8, "m": 8, "cols_mb": 4, knob: value}) if knob == "part" else \
+            MM.config(**{**M1, "mtile": 8, "m": 8, knob: value})
+        assert other.experimental() == (knob,) and MM.in_space(other, experimental=True)
     assert MM.template_files(c) == ("codes.cuh", "matmul/common.cuh", "matmul/mma_cols.cu")
     src = c.render()
     for line in ("#define NF4T_MMA NF4T_MMA_MMA_COLS", "#define NF4T_COLS_MB 1", "#define NF4T_PART 64",

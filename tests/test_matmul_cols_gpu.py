@@ -1,5 +1,5 @@
-"""GPU tests of mma-cols, the column tensor-core structure (experimental; written on a CPU-only machine on
-2026-12-07, NVRTC 13.5, and not yet run on a GPU: run them on an H100 / H200 before any table serves it).
+"""GPU tests of mma-cols, the column tensor-core structure (all passed on an NVIDIA H100 80GB HBM3, NVRTC 13.0,
+2026-12-07).
 
 - The gate on its M = 1, 8 and 16 configs (the ones the structure was designed and counted for, and every value
   of its own knobs), bf16 and fp16, nf4 and fp4, at the blocksize each serves (its part): the problem with a

@@ -45,7 +45,7 @@ def test_space_count_parametrisation_and_neighbours(m):
 def test_paths_and_constraints():
     every = dict(dtype=["bf16"], quant=["nf4"], m=[8])
     assert {c.mma for c in MM.iter_space(experimental=True, **every)} == {"simt", "mma", "mma-ks", "mma-rows", "mma-cols"}
-    assert {c.mma for c in MM.iter_space(**every)} == {"simt", "mma-ks", "mma-rows"}        # mma is experimental
+    assert {c.mma for c in MM.iter_space(**every)} == {"simt", "mma-ks", "mma-rows", "mma-cols"}  # mma: experimental
     assert {c.mma for c in MM.iter_space(dtype=["fp32"], quant=["nf4"], m=[8])} == {"simt"}   # no fp32 MMA
     with pytest.raises(InvalidConfig, match="scales every value"):
         MM.config(mma="mma", rows_per_warp=16, mtile=8, scale="block", m=8)

@@ -21,7 +21,6 @@
 //                      with the bulk feed): tensor cores, a CTA's warps splitting K
 //   NF4T_MMA_MMA_ROWS  matmul/tensor.cuh + matmul/mma_rows.cu: tensor cores, warps owning row tiles
 //   NF4T_MMA_MMA_COLS  matmul/mma_cols.cu: tensor cores, the mma's n8 columns carrying the blocks
-//                      (experimental: not yet run on a GPU)
 // (tuner/families/matmul/ declares the knobs and which files each structure takes). Each file's
 // header says what its structure does and what each of its knobs changes; the knobs read here:
 //   NF4T_LOAD_BYTES     bytes of W one lane loads per row per step: 4, 8 or 16 (one load of that

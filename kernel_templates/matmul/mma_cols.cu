@@ -2,7 +2,7 @@
 // the quantization blocks, so a block's statistics are applied once per (row, block) and, at M = 1, no
 // column of the tensor-core tile is padding. Joined after codes.cuh and matmul/common.cuh (its types,
 // conversions, pack_pair, load_w16, Scales, mma16816, emit, finish_split and NF4T_MATMUL_PARAMS).
-// Experimental: compiled and counted on the CPU only (not yet run on a GPU).
+// Gated on an H100 (2026-12-07); serves 4096x14336 at M = 8 there (docs/kernels.md has the screens).
 //
 // ---- The operands (mma.sync m16n8k16, bf16/fp16, fp32 accumulators). Lane (g, t) = (lane >> 2, lane & 3).
 // W's rows are the mma's M (a warp owns COLS_RT tiles of 16 rows over the CTA's K slice), the batch its N.

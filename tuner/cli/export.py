@@ -20,6 +20,11 @@ def add_parser(sub):
                    help="lay the database's entries over this table file (one written by export, such as the "
                         "packaged tuner/serve/tuned_configs.json): its entries for a (GPU model, problem) the "
                         "database holds are replaced, the others kept as they are. -o may name the same file")
+    p.add_argument("--default-space", action="store_true",
+                   help="export only configs of each family's default space (no experimental knob value): the "
+                        "fastest such config stored for a problem, and no entry where none is stored. The "
+                        "packaged table is exported this way, so that a search without --experimental can find "
+                        "every config it serves")
     add_db_arg(p)
     p.set_defaults(func=run)
 
@@ -32,7 +37,7 @@ def run(args) -> int:
     output_file(args.output)
     base = _base_entries(args.over) if args.over else []
     repo = open_repo(args.db, read_only=True)
-    entries = table_entries(repo)
+    entries = table_entries(repo, default_space=args.default_space)
     if not entries:
         raise CannotRun(f"no valid measurement stored in {repo.url}: nothing to export")
     mine = {_entry_key(e) for e in entries}

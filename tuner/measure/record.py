@@ -115,9 +115,11 @@ def recorded_run(kind: str, url: Optional[str], gpu, command: str = "", env: Opt
         repo.finish_run(run)
 
 
-def table_entries(repo) -> list[dict]:
+def table_entries(repo, default_space: bool = False) -> list[dict]:
     """The best stored config of every (GPU model, problem), with its median and its speedup over
-    the family's peer: the entries of the serving table that ``nf4-tune export`` writes."""
+    the family's peer: the entries of the serving table that ``nf4-tune export`` writes
+    (``default_space``: the best config of the family's default space, no experimental knob value; a
+    problem with none is left out)."""
     import statistics
 
     from ..families import get as get_family
@@ -126,7 +128,11 @@ def table_entries(repo) -> list[dict]:
     entries = []
     for gname, prob in repo.problems():
         family = get_family(prob.family)
-        knobs, m, _ = repo.best(gname, prob)
+        keep = (lambda knobs, family=family: not family.from_dict(knobs).experimental()) if default_space else None
+        best = repo.best(gname, prob, keep)
+        if best is None:
+            continue
+        knobs, m, _ = best
         peer = repo.reference_medians(gname, prob, family.peer_label)
         peer_us = statistics.median(peer) if peer else None
         entries.append(dict(gpu=gname, family=prob.family, shape=list(prob.shape), dtype=prob.dtype, quant=prob.quant,

@@ -8,10 +8,9 @@ and a rule over many knobs makes that count (and the search space's walk) slow.
 Experimental values never won a served table entry (tuner/serve/tuned_configs.json, checked by a
 test): the tensor-core path ``mma``, the per-warp and bulk rings (``stages``, ``feed=bulk``), the
 register cap, ``prmt_quarters``, the luts ``register`` / ``prmt`` / ``pairf`` / ``pairmix``, one and
-eight rows per warp, every value scaled, plain W loads, two groups ahead and span 4; and the column
-structure ``mma-cols`` with its knobs ``cols_mb``, ``part`` and ``table64`` (compiled and counted on the
-CPU, not yet run on a GPU). They stay valid and searchable (``--experimental``); the built-in defaults
-never use them.
+eight rows per warp, every value scaled, plain W loads, two groups ahead and span 4; and, of the column
+structure ``mma-cols`` (which won an H100 entry at M = 8), the batch tiles ``cols_mb`` 2 and 8 and parts of
+32 and 128 values. They stay valid and searchable (``--experimental``); the built-in defaults never use them.
 """
 
 from __future__ import annotations
@@ -366,14 +365,14 @@ def _cols_registers(mma, rows_per_warp, mtile, prefetch, cols_mb, part):
 
 
 KNOBS = (
-    Knob("mma", ("simt", "mma", "mma-ks", "mma-rows", "mma-cols"), refine=8, experimental=("mma", "mma-cols"),
+    Knob("mma", ("simt", "mma", "mma-ks", "mma-rows", "mma-cols"), refine=8, experimental=("mma",),
          help="simt: fp32 FMAs on CUDA cores; mma: tensor cores (mma.sync m16n8k16, batch padded to 8/16), "
               "a warp per row tile; mma-ks: tensor cores with W rows as the mma's M, the CTA's warps "
               "splitting K, 16-bit code pairs and one scale multiply per block; mma-rows: mma-ks's "
               "operands and decode, each warp owning its row tiles over the CTA's K slice, A staged in "
               "shared memory once per CTA, a window's statistics loaded once per row; mma-cols: the mma's n8 "
               "columns are (part of K, batch row) pairs, so each (row, block) is scaled once per window and no "
-              "column is padding at M = 1 (experimental: not yet run on a GPU)"),
+              "column is padding at M = 1"),
     Knob("load_bytes", (4, 8, 16), default=16, refine=6, label="{}B",
          help="bytes of W one lane loads per row per step (8, 16 or 32 values)"),
     Knob("rows_per_warp", (1, 2, 4, 8, 16, 32, 64), default=4, refine=2, experimental=(1, 8, 64), label="r{}",
@@ -436,13 +435,13 @@ KNOBS = (
          help="mma-rows: 0 a window's runs of A read from shared memory at once (load_bytes registers a "
               "batch tile of 8 rows); 1 one 16-byte chunk at a time, just before its two k-steps (4 registers "
               "a batch tile): fewer registers, so more warps an SM, the same sums bit for bit"),
-    Knob("cols_mb", (1, 2, 4, 8), experimental=True, label="mb{}", hidden=(1,),
+    Knob("cols_mb", (1, 2, 4, 8), experimental=(2, 8), label="mb{}", hidden=(1,),
          help="mma-cols: batch rows per n8 tile; its 8 columns are 8 / cols_mb parts of K x cols_mb batch rows "
               "(1 at M = 1: 8 parts a window, no column is padding)"),
     Knob("part", (32, 64, 128), default=64, experimental=True, label="P{}", hidden=(64,),
          help="mma-cols: values of K per part (a column's share of a window); the plan serves it at blocksize "
               "== part, so each part is one block, scaled once"),
-    Knob("table64", (1, 0), experimental=True, label="t64:{}", hidden=(1,),
+    Knob("table64", (1, 0), label="t64:{}", hidden=(1,),
          help="mma-cols: 1: the pair table at a 64 KiB-aligned shared address, so one byte permute gives a "
               "lookup's whole address (128 KiB of shared memory: one CTA an SM); 0: the table first, its "
               "base added to each lookup's offset"),
