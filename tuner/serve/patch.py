@@ -112,9 +112,10 @@ class BnbPatch:
             if qs is not None and module.compute_type_is_set and x.is_cuda and not compiling():
                 cd = module.compute_dtype
                 bias = params.get("bias")
-                if grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)
-                                       or w.requires_grad):
-                    return declined(original_forward, module, x)    # autograd: bnb's, as in patched_matmul_4bit
+                # autograd: bnb's, as in patched_matmul_4bit (the weight, a Params4bit, is frozen by bnb; reading
+                # its requires_grad goes through its __torch_function__, about 4 us a call)
+                if grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+                    return declined(original_forward, module, x)
                 if (cd is None or cd == x.dtype) and (bias is None or bias.dtype == x.dtype):
                     y = fused_or_none(x, w, qs, None, bias)
                     if y is not None:
