@@ -70,7 +70,7 @@ def test_space_counts_the_matmul_family_from_its_declaration(capsys):
     assert d["experimental"] and d["count"]["exact"] and "whole_space" not in d
     assert (d["size"], d["distinct_sources"]) == (MATMUL.space_size(experimental=True, dtype=["bf16"]),
                                                  MATMUL.count(experimental=True, dtype=["bf16"]).sources)
-    assert d["knobs"]["mma"]["experimental"] == ["mma", "mma-cols"] and d["knobs"]["load_bytes"]["macro"] == "NF4T_LOAD_BYTES"
+    assert d["knobs"]["mma"]["experimental"] == ["mma"] and d["knobs"]["load_bytes"]["macro"] == "NF4T_LOAD_BYTES"
     assert {"knobs": ["mma", "warps"], "help": "warps 12, 14, 16: SIMT, mma-rows and mma-cols only."} in d["constraints"]
 
 
