@@ -66,8 +66,9 @@ bench() {
 if want bench; then
   # the commands of docs/results.md's tables, as written there
   bench dequant bench --runtime --dtype bf16
-  bench matmul bench --family matmul --runtime --shape 4096x4096 --shape 1024x4096 --shape 14336x4096 \
-    --shape 4096x14336 --shape 8192x8192 --shape 28672x8192 --m 1 --m 8 --m 16 --m 32 --m 64
+  bench matmul bench --family matmul --runtime --no-linear --shape 4096x4096 --shape 1024x4096 --shape 14336x4096 \
+    --shape 4096x14336 --shape 8192x8192 --shape 28672x8192 --shape 18944x3584 --shape 3072x8192 \
+    --m 1 --m 2 --m 4 --m 8 --m 16 --m 32 --m 64
   bench host bench --host
   bench generate bench --generate --batch 1 --batch 8
 fi
