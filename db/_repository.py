@@ -137,8 +137,7 @@ class Repository:
             if gpu_name:
                 stmt = stmt.where(GPU.name == gpu_name)
             stmt = _where_problem(stmt, Measurement, problem).order_by(Measurement.median_us.asc(), Measurement.id)
-            rows = s.execute(stmt) if keep is not None else filter(None, [s.execute(stmt).first()])
-            for m, knobs, gname in rows:
+            for m, knobs, gname in s.execute(stmt):          # fastest first: without keep, the first row
                 knobs = json.loads(knobs)
                 if keep is None or keep(knobs):
                     return knobs, m, gname

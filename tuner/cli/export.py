@@ -53,11 +53,12 @@ def _entry_key(e: dict) -> tuple:
 
 
 def _base_entries(path) -> list:
-    """The entries of the table file ``path`` as written (checked by the runtime's own reader first)."""
-    from ..serve.table import ConfigTable
+    """The entries of the table file ``path`` as written (checked by the runtime's own reader)."""
+    from ..serve.table import ConfigTable, read_table_document
 
     try:
-        ConfigTable.from_file(path)
-        return list(json.loads(open(path, "rb").read())["entries"])
-    except (ValueError, OSError, KeyError, TypeError) as e:
+        entries = list(read_table_document(path)["entries"])
+        ConfigTable(entries, str(path))          # every entry as the runtime reads it
+        return entries
+    except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"--over: {e}") from None

@@ -113,8 +113,8 @@ def serve_decision(gpu: str, problem: Problem, accepts=None) -> Decision:
                          f"the tuned variant was not faster than bnb at m={problem.m} ({x}), and no neighbour's "
                          "config serves it: bnb serves it")
         else:
-            why = (f"no transfer above M = {TRANSFER_MAX_M}" if (problem.m or 1) > TRANSFER_MAX_M
-                   else "no tuned neighbour's config takes its shape")
+            why = ("no tuned neighbour's config takes its shape" if _table.transfers_at(problem)
+                   else f"no transfer above M = {TRANSFER_MAX_M}")
             d = Decision(False, None, f"{problem.label()} is not tuned for {gpu} and {why}: bnb serves it")
     with _lock:
         _decisions[key] = d

@@ -95,21 +95,7 @@ class ConfigTable:
 
     @classmethod
     def from_file(cls, path) -> "ConfigTable":
-        try:
-            raw = Path(path).read_bytes()
-        except OSError as e:
-            raise ValueError(f"cannot read the config table {path}: {e}") from None
-        if raw.startswith(b"SQLite format 3\0"):
-            raise ValueError(f"{path} is a database, not a table written by `nf4-tune export` (`nf4-tune export "
-                             f"--db {path} -o TABLE.json` makes one)")
-        try:
-            data = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"cannot read the config table {path}: {e}") from None
-        if (not isinstance(data, dict) or data.get("format") not in (1, TABLE_FORMAT)
-                or not isinstance(data.get("entries"), list)):
-            raise ValueError(f"{path} is not a table written by `nf4-tune export` (format 1 or {TABLE_FORMAT})")
-        return cls(data["entries"], str(path))
+        return cls(read_table_document(path)["entries"], str(path))
 
     def comparable(self, gpu: str, problem: Problem) -> list:
         """The entries ``choose`` picks from for ``problem`` on GPU model ``gpu``: that GPU's entries of
@@ -160,7 +146,7 @@ class ConfigTable:
         """The config of the nearest neighbour of the same batch bucket whose launch plan accepts ``problem``
         (:meth:`fitting`); None when no neighbour's config fits, and for a batch bucket above
         :data:`TRANSFER_MAX_M`. Never a hand-written rule per shape."""
-        if (problem.m or 1) > TRANSFER_MAX_M:
+        if not transfers_at(problem):
             return None
         for e, config in self.fitting(gpu, problem, accepts):
             return Choice(config, "transfer", e.problem.label(), e.table,
@@ -176,6 +162,11 @@ class ConfigTable:
 TRANSFER_MAX_M = 32
 
 
+def transfers_at(problem: Problem) -> bool:
+    """Whether a transfer may serve ``problem``'s batch bucket (at most :data:`TRANSFER_MAX_M`)."""
+    return (problem.m or 1) <= TRANSFER_MAX_M
+
+
 def user_table_path() -> Path:
     """The per-user table: what opt-in autotuning found on this machine (``$NF4TUNE_AUTOTUNE_TABLE``, else
     ``$XDG_CACHE_HOME/nf4-tune/autotuned.json``, else ``~/.cache/nf4-tune/autotuned.json``). It is laid
@@ -184,6 +175,26 @@ def user_table_path() -> Path:
         return Path(os.environ["NF4TUNE_AUTOTUNE_TABLE"])
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(cache) / "nf4-tune" / "autotuned.json"
+
+
+def read_table_document(path) -> dict:
+    """The content of the table file ``path`` (what :func:`table_document` makes), checked: a ValueError that
+    says why for a file that cannot be read, a database, or anything that is no table of a known format."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read the config table {path}: {e}") from None
+    if raw.startswith(b"SQLite format 3\0"):
+        raise ValueError(f"{path} is a database, not a table written by `nf4-tune export` (`nf4-tune export "
+                         f"--db {path} -o TABLE.json` makes one)")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read the config table {path}: {e}") from None
+    if (not isinstance(data, dict) or data.get("format") not in (1, TABLE_FORMAT)
+            or not isinstance(data.get("entries"), list)):
+        raise ValueError(f"{path} is not a table written by `nf4-tune export` (format 1 or {TABLE_FORMAT})")
+    return data
 
 
 def table_document(entries: list) -> dict:
