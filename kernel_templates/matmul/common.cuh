@@ -533,6 +533,17 @@ __device__ __forceinline__ void finish_split(u32 tile, u32 row_first, u32 rows, 
 #define NF4T_DYN_TABLE 0
 #endif
 
+// Zeroes a warp's mma accumulator fragments: R row tiles x C n8 tiles x 4 floats (every tensor-core structure)
+template <int R, int C>
+__device__ __forceinline__ void zero_frags(float (&c)[R][C][4]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int n = 0; n < C; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) c[r][n][i] = 0.0f;
+}
+
 // d += a * b on the tensor cores: m16n8k16, 16-bit operands, fp32 accumulators
 __device__ __forceinline__ void mma16816(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
 #if NF4T_DTYPE == NF4T_DTYPE_BF16

@@ -263,7 +263,7 @@ __device__ __forceinline__ void ks_compute(const KsGroup& G, float (&acc)[NF4T_R
         }
         if (NF4T_NBMAX == 1 || nb == 1) {
             float cp[NF4T_RT][NF4T_NT][4];
-            tc_zero(cp);
+            zero_frags(cp);
             tc_window_mma(G.w[u], G.a[u], lane4, cp);
             // tc_scale_add's FMAs, written in place: through the helper ptxas schedules 4 of 114 cubins differently
 #pragma unroll

@@ -71,12 +71,7 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     __syncthreads();
 
     float c[NF4T_RT][NF4T_NT][4];
-#pragma unroll
-    for (int rt = 0; rt < NF4T_RT; ++rt)
-#pragma unroll
-        for (int nt = 0; nt < NF4T_NT; ++nt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) c[rt][nt][i] = 0.0f;
+    zero_frags(c);
 
     for (u32 kw = k_begin; kw < k_end; kw += 128) {
         const u32 k = kw + t * 32;                 // this lane's run of 32 values

@@ -302,12 +302,7 @@ __device__ __forceinline__ void cols_compute(const ColsWin& W, float (&acc)[COLS
                                              const ColsLane& L, u32 a_lane, u32 nt_stride, const u32 (&in)[COLS_NT],
                                              u32 (&av)[COLS_NT][4]) {
     float d[COLS_RT][COLS_NT][4];
-#pragma unroll
-    for (int rt = 0; rt < COLS_RT; ++rt)
-#pragma unroll
-        for (int nt = 0; nt < COLS_NT; ++nt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) d[rt][nt][i] = 0.0f;
+    zero_frags(d);
 #pragma unroll
     for (int c = 0; c < COLS_STEPS / COLS_ACH; ++c) {
 #pragma unroll
@@ -512,12 +507,7 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     for (int nt = 0; nt < COLS_NT; ++nt) asm volatile("" : "+r"(in[nt]));   // kept, not recomputed in the loop
 
     float acc[COLS_RT][COLS_NT][4];
-#pragma unroll
-    for (int rt = 0; rt < COLS_RT; ++rt)
-#pragma unroll
-        for (int nt = 0; nt < COLS_NT; ++nt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
+    zero_frags(acc);
 
     if (fast) {
         cols_run<true>(X, cur, acc, B, s, L, row0, N, K, k_begin, k_whole, a_lane, nt_stride, in);

@@ -74,12 +74,7 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     for (; tile < tiles; tile += (NF4T_PERSIST ? gridDim.x : tiles)) {
         const u32 row0 = tile * NF4T_ROWS_PER_WARP;
         float acc[NF4T_RT][NF4T_NT][4];
-#pragma unroll
-        for (int rt = 0; rt < NF4T_RT; ++rt)
-#pragma unroll
-            for (int nt = 0; nt < NF4T_NT; ++nt)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
+        zero_frags(acc);
 #if NF4T_STATS == NF4T_STATS_TILE
         ks_fill_scales(tab, s, row0, N, K, jb0, nj);
         work_sync();

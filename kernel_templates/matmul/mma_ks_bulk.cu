@@ -253,12 +253,7 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     for (u32 tile = blockIdx.x; tile < tiles; tile += tstep) {
         const u32 row0 = tile * NF4T_ROWS_PER_WARP;
         float acc[NF4T_RT][NF4T_NT][4];
-#pragma unroll
-        for (int rt = 0; rt < NF4T_RT; ++rt)
-#pragma unroll
-            for (int nt = 0; nt < NF4T_NT; ++nt)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[rt][nt][i] = 0.0f;
+        zero_frags(acc);
         for (u32 kc0 = k_begin; kc0 < k_end; kc0 += G.kc, ++it) {
             const u32 st = it % NF4T_STAGES;
             mbar_wait(full + 8u * st, (it / NF4T_STAGES) & 1u);

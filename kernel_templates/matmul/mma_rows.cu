@@ -245,7 +245,7 @@ __device__ __forceinline__ void rows_compute(const RowsGroup& G, float (&acc)[NF
         // chunk c of the window's runs of A in batch tile nt
         auto a_chunk = [&](int nt, int c) { return a_lane + nt * NF4T_CPR * pitch + (u * NF4T_CH + c) * 64; };
         float cp[NF4T_RT][NF4T_NT][4];
-        tc_zero(cp);
+        zero_frags(cp);
 #if NF4T_ACHUNK
         // a chunk of A at a time: its 16-byte loads for every batch tile, then the chunk's two k-steps
 #pragma unroll
@@ -333,7 +333,7 @@ __device__ __forceinline__ void rows_slice(RowsGroup& G, const u8* __restrict__ 
                                            u32 pitch, u32 row0, u32 m0, u32 mrows, u32 N, u32 K, u32 k_begin,
                                            u32 k_end, u32 g, u32 t, u32 lane, u32 lane4) {
     float acc[NF4T_RT][NF4T_NT][4];
-    tc_zero(acc);
+    zero_frags(acc);
     bool a_in[NF4T_NT];     // column g of batch tile nt takes this lane's run of A (batch row nt*CPR + g/SPAN)
 #if NF4T_SPAN == 1
 #pragma unroll

@@ -31,15 +31,6 @@ __device__ __forceinline__ float ks_scale(const Scales& s, ScaleRaw r) {
     return __fadd_rn(__fmul_rn(nf4t_code2[r.q], r.a), s.offset);
 }
 
-__device__ __forceinline__ void tc_zero(float (&c)[NF4T_RT][NF4T_NT][4]) {
-#pragma unroll
-    for (int rt = 0; rt < NF4T_RT; ++rt)
-#pragma unroll
-        for (int nt = 0; nt < NF4T_NT; ++nt)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) c[rt][nt][i] = 0.0f;
-}
-
 // One k-step st of a window on the tensor cores: cp += the code pairs of W's row tiles for that step (lane (g, t):
 // rows g and g + 8 of each tile) times A's columns col, col + 1 of each batch tile in a
 template <int L>
