@@ -25,15 +25,7 @@
 __device__ __forceinline__ u32 wpair(const Decoder& dec, u32 w, int j, float sc) {
     float first, second;
     dec.values(w, j, first, second);
-    first = __fmul_rn(first, sc);
-    second = __fmul_rn(second, sc);
-    u32 r;
-#if NF4T_DTYPE == NF4T_DTYPE_BF16
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(second), "f"(first));
-#else
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(second), "f"(first));
-#endif
-    return r;
+    return pack_pair(__fmul_rn(first, sc), __fmul_rn(second, sc));
 }
 
 __device__ __forceinline__ u32 word_of(const uint4& v, int j) {   // the word holding byte j

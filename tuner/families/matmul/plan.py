@@ -114,6 +114,9 @@ class MatmulPlan:
         act_bytes = OUT_BYTES[c.dtype]
         # a 64 KiB pair table (DYN_TABLE_LUTS) comes first in the dynamic shared memory, on every path that takes it
         lut_table = DYN_TABLE_BYTES if c.lut in DYN_TABLE_LUTS else 0
+        # each path: its dynamic shared memory (self.smem, and what it holds), its static tables, the limit (the
+        # opt-in, but for SIMT without a 64 KiB table) and where the K slice shows in the refusal
+        limit, at = limits.smem_per_block_optin, f" at K per split {kper}"
         if c.mma == "mma-ks":
             # the warps' partial sums, then the ring
             if c.feed == "bulk":
@@ -129,41 +132,30 @@ class MatmulPlan:
             sums = c.warps * c.mtile * c.rows_per_warp * 4
             self.smem = lut_table + sums + ring + table
             static = 64 + 1024 + 16 * c.stages + (256 * 32 * 4 if c.lut == "pair" else 0)
-            if self.smem + static > limits.smem_per_block_optin:
-                raise UnsupportedInput(f"{c.short()}: {self.smem} bytes of dynamic shared memory (lut table "
-                                       f"{lut_table}, partial sums {sums}, ring {ring}, scale table {table}) beside "
-                                       f"{static} of static tables exceed the device's "
-                                       f"{limits.smem_per_block_optin} per block")
+            held = f"lut table {lut_table}, partial sums {sums}, ring {ring}, scale table {table}"
+            at = ""
         elif c.mma == "mma-rows":
             # (the lut table,) A's stage: the batch rows this launch has (at most the tile's)
             staged = rows_stage_bytes(kper, min(batch_per_cta, M), act_bytes)
             self.smem = lut_table + staged
             static = 64 + 1024 + (256 * 32 * 4 if c.lut == "pair" else 0)      # 16-entry lut, code2, pair table
-            if self.smem + static > limits.smem_per_block_optin:
-                raise UnsupportedInput(f"{c.short()}: {self.smem} bytes of dynamic shared memory (A staged: "
-                                       f"{staged}, lut table: {lut_table}) beside {static} of static tables "
-                                       f"exceed the device's {limits.smem_per_block_optin} per block at K per "
-                                       f"split {kper}")
+            held = f"A staged: {staged}, lut table: {lut_table}"
         elif c.mma == "mma-cols":
             # the pair table (at a 64 KiB boundary with table64) and A's stage: the batch rows this launch has
             staged = cols_stage_bytes(kper, c.part, c.cols_mb, min(c.mtile, M))
             self.smem = cols_smem(staged, c.table64)
             static = 64 + 1024
-            if self.smem + static > limits.smem_per_block_optin:
-                raise UnsupportedInput(f"{c.short()}: {self.smem} bytes of dynamic shared memory (A staged: {staged}, "
-                                       f"the pair table{' at a 64 KiB boundary' if c.table64 else ''}) beside "
-                                       f"{static} of static tables exceed the device's {limits.smem_per_block_optin} "
-                                       f"per block at K per split {kper}")
+            held = f"A staged: {staged}, the pair table{' at a 64 KiB boundary' if c.table64 else ''}"
         else:
             # (the lut table, which then needs the opt-in,) A staged in shared memory
             staged = c.mtile * kper * act_bytes if c.astage == "shared" else 0
             self.smem = lut_table + staged
             static = 64 + 1024 + (256 * 16 * 8 if c.lut == "pair" else 0)     # 16-entry lut, code2, pair table
             limit = limits.smem_per_block_optin if lut_table else limits.smem_per_block
-            if self.smem + static > limit:
-                raise UnsupportedInput(f"{c.short()}: {self.smem} bytes of dynamic shared memory (A staged: "
-                                       f"{staged}, lut table: {lut_table}) beside {static} of static tables "
-                                       f"exceed the device's {limit} per block at K per split {kper}")
+            held = f"A staged: {staged}, lut table: {lut_table}"
+        if self.smem + static > limit:
+            raise UnsupportedInput(f"{c.short()}: {self.smem} bytes of dynamic shared memory ({held}) beside {static} "
+                                   f"of static tables exceed the device's {limit} per block{at}")
         gx = tiles
         #: mma-rows with persist (stream-K): how many CTAs each row tile is cut between (None: not stream-K)
         self.stream_k_parts = None
