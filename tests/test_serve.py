@@ -164,6 +164,45 @@ def test_the_host_path_decides_once_per_weight_and_batch_and_again_when_the_weig
     assert rt.served_call(torch.randn(65, 4096, dtype=torch.bfloat16), qs) is rt.BNB and len(asked) == 5
 
 
+def test_the_hot_path_looks_a_call_up_by_its_shape_and_keeps_no_prefill_lengths(monkeypatch):
+    """A served call is one lookup by (A.shape, dtype, device): the M entry is prepared once and shared by its
+    shapes, the output shape is kept with it; calls of more rows than the decode buckets are bnb's and leave
+    nothing behind; a packed weight at a new address is checked again."""
+    launches, prepared = [], []
+
+    class Plan:
+        N, K, order_free = 1024, 4096, True
+
+    fake = rt._Served.__new__(rt._Served)
+    fake.launch, fake.plan, fake.N, fake.order_free = (lambda vals, stream: launches.append(vals)), Plan, 1024, True
+    monkeypatch.setattr(rt, "_prepare", lambda w, qs, A, M, bias, B=None: prepared.append(M) or fake)
+    monkeypatch.setattr(rt, "_raw_stream", lambda index: 0)
+    qs = _qs()
+    B = torch.zeros(1024 * 4096 // 2, 1, dtype=torch.uint8)
+    A3 = torch.randn(1, 1, 4096, dtype=torch.bfloat16)
+    y = rt.fused_or_none(A3, B, qs)
+    assert y.shape == (1, 1, 1024) and y.dtype == torch.bfloat16 and prepared == [1]
+    assert launches[-1][0] == A3.data_ptr() and launches[-1][1] == B.data_ptr() and launches[-1][-1] == y.data_ptr()
+    assert rt.fused_or_none(A3, B, qs).shape == (1, 1, 1024)
+    assert rt.fused_or_none(torch.randn(1, 4096, dtype=torch.bfloat16), B, qs).shape == (1, 1024)
+    assert prepared == [1] and len(launches) == 3                     # one M entry for both shapes
+    w = qs._nf4tune_weight
+    assert set(w.by_shape) == {(torch.Size([1, 1, 4096]), torch.bfloat16, -1), (torch.Size([1, 4096]), torch.bfloat16, -1)}
+    # prefill lengths: bnb's, and neither table grows
+    for rows in (65, 100, 300):
+        assert rt.fused_or_none(torch.randn(1, rows, 4096, dtype=torch.bfloat16), B, qs) is None
+    assert len(w.by_shape) == 2 and set(w.calls) == {(1, torch.bfloat16, -1)} and prepared == [1]
+    # a packed weight at a new address is checked: too small, declined; the right size, served
+    assert rt.fused_or_none(A3, torch.zeros(16, 1, dtype=torch.uint8), qs) is None
+    B2 = B.clone()
+    assert rt.fused_or_none(A3, B2, qs) is not None and launches[-1][1] == B2.data_ptr() and w.b_checked == B2.data_ptr()
+    # out: written in place when it holds the output, refused otherwise
+    out = torch.empty(1, 1, 1024, dtype=torch.bfloat16)
+    assert rt.fused_or_none(A3, B, qs, out=out) is out and launches[-1][-1] == out.data_ptr()
+    with pytest.raises(ValueError, match="out must be"):
+        rt.fused_or_none(A3, B, qs, out=torch.empty(1, 1000, dtype=torch.bfloat16))
+
+
 def test_a_capture_never_decides(monkeypatch):
     """The first call of a (weight, M) inside a CUDA-graph capture is bnb's for that call only: the next call
     outside the capture decides."""
@@ -273,3 +312,22 @@ def test_a_copied_or_pickled_quant_state_is_prepared_again(monkeypatch):
         assert twin._nf4tune_weight is None
         rt.served_call(torch.randn(1, 4096, dtype=torch.bfloat16), twin)
         assert twin._nf4tune_weight is not w and twin._nf4tune_weight.holds(twin)
+
+
+def test_the_host_table_marks_gpu_bound_figures_and_prints_the_hand_off():
+    """`bench --host`'s table: a figure whose GPU time per call reached 80% of its host time is starred (the
+    launch queue may have filled); each row that bnb serves prints what the patch adds over calling bnb."""
+    from nf4tune.bench.runtime import format_host
+
+    served = {"bnb matmul_4bit": (26.4, 0.3, 10.0), "nf4tune.matmul_4bit": (9.1, 0.2, 8.0),
+              "patched bnb matmul_4bit": (9.6, 0.1, 3.0), "bnb Linear4bit": (37.7, 0.5, 10.0),
+              "patched Linear4bit": (10.8, 0.2, 3.0)}
+    handed = {"bnb matmul_4bit": (20.0, 0.3, 5.0), "nf4tune.matmul_4bit": (21.5, 0.2, 5.0),
+              "patched bnb matmul_4bit": (21.2, 0.1, 5.0), "bnb Linear4bit": (30.0, 0.5, 5.0),
+              "patched Linear4bit": (31.7, 0.2, 5.0)}
+    text = format_host([dict(shape="4096x4096", M=1, dtype="bfloat16", rule="exact", why="tuned", **served),
+                        dict(shape="1024x4096", M=8, dtype="float32", rule="bnb", why="not tuned <b>", **handed)])
+    lines = text.splitlines()
+    assert "8.00*" not in text and "9.10*" in lines[2] and lines[2].count("*") == 1
+    assert lines[-1] == ("hand-off (1024x4096 float32 M=8, bnb serves: not tuned <b>): patched matmul_4bit +1.20 us, "
+                         "patched Linear4bit +1.70 us over bnb")

@@ -84,9 +84,10 @@ def bench_runtime_problem(problem: Problem, seed: Optional[int] = None, **timing
 
 
 def _host_us(fn, calls: int, rounds: int, warmup: int = 20) -> tuple:
-    """Host microseconds per call of ``fn`` (median and spread over ``rounds`` of ``calls`` back to back, the GPU
-    synchronised between rounds; ``calls`` small enough that the launch queue never fills, so the GPU's own
-    time cannot enter)."""
+    """Host microseconds per call of ``fn``: (median, spread) over ``rounds`` of ``calls`` back to back, the GPU
+    synchronised between rounds, and the GPU's own microseconds per call over the same rounds (CUDA events
+    around each round). Where the GPU's time is near the host's, the launch queue may have filled and the host
+    figure is the GPU's: :func:`format_host` marks it."""
     import statistics
     import time
 
@@ -95,14 +96,18 @@ def _host_us(fn, calls: int, rounds: int, warmup: int = 20) -> tuple:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    per = []
+    per, gpu = [], []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(rounds):
+        start.record()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
         per.append((time.perf_counter() - t0) / calls * 1e6)
+        end.record()
         torch.cuda.synchronize()
-    return statistics.median(per), max(per) - min(per)
+        gpu.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(per), max(per) - min(per), statistics.median(gpu)
 
 
 def host_overhead(shape=(256, 256), dtype: str = "bf16", calls: int = 3000, rounds: int = 5) -> dict:
@@ -290,10 +295,10 @@ def host_matmul(shapes=HOST_SHAPES, batches=(1, 8), dtype: str = "bf16", calls: 
     from ..serve.patch import patch_bitsandbytes
 
     rows = []
-    # the last row: a call the fused kernel declines (fp32 activations: no table holds them), so that the
-    # patched columns against bnb's are the cost of the hand-off
+    # the last rows: calls the fused kernel declines (fp32 activations: no table holds them), so that the
+    # patched columns against bnb's are the cost of the hand-off; 1024x4096 keeps bnb's GPU time short of its host's
     for (N, K), t, ms in [(shape, getattr(torch, TORCH_DTYPE[dtype]), batches) for shape in shapes] + \
-            [((4096, 4096), torch.float32, (1,))]:
+            [((4096, 4096), torch.float32, (1,)), ((1024, 4096), torch.float32, batches)]:
         layer = bnb.nn.Linear4bit(K, N, bias=False, compute_dtype=t, quant_type="nf4").cuda()
         qs = layer.weight.quant_state
         for M in ms:
@@ -317,12 +322,13 @@ def host_matmul(shapes=HOST_SHAPES, batches=(1, 8), dtype: str = "bf16", calls: 
 def format_host(rows: Sequence[dict], dequant: Optional[dict] = None) -> str:
     names = ("bnb matmul_4bit", "nf4tune.matmul_4bit", "patched bnb matmul_4bit", "bnb Linear4bit",
              "patched Linear4bit")
-    lines = ["host us per call (median over rounds of back-to-back calls; the GPU never the bound), "
-             "matmul, nf4 nested bs64",
-             f"{'shape':<11} {'dtype':<8} {'M':>2} {'served':<8} " + " ".join(f"{n:>24}" for n in names)]
+    lines = ["host us per call (median over rounds of back-to-back calls), matmul, nf4 nested bs64; * the GPU took "
+             "at least 80% of that time per call (the host figure may be the GPU's)",
+             f"{'shape':<11} {'dtype':<8} {'M':>2} {'served':<8} " + " ".join(f"{n:>25}" for n in names)]
     for r in rows:
         lines.append(f"{r['shape']:<11} {r.get('dtype', ''):<8} {r['M']:>2} {r['rule']:<8} "
-                     + " ".join(f"{r[n][0]:>17.2f} ±{r[n][1]:>5.2f}" for n in names))
+                     + " ".join(f"{r[n][0]:>17.2f}{'*' if len(r[n]) > 2 and r[n][2] >= 0.8 * r[n][0] else ' '}"
+                                f"±{r[n][1]:>5.2f}" for n in names))
     off = [r for r in rows if r["rule"] == "bnb"]
     for r in off:
         lines.append(f"hand-off ({r['shape']} {r.get('dtype', '')} M={r['M']}, bnb serves: {r['why']}): patched "

@@ -191,7 +191,7 @@ class _Weight:
     kernel arguments, and the decision per (M, dtype, device)."""
 
     __slots__ = ("absmax", "state2", "s2_absmax", "s2_code", "offset", "shape", "blocksize", "quant", "N", "K",
-                 "groupsize", "stats", "generation", "calls")
+                 "groupsize", "stats", "generation", "calls", "by_shape", "b_checked")
 
     def __init__(self, qs):
         st2 = qs.state2
@@ -204,7 +204,13 @@ class _Weight:
         self.groupsize = int(st2.blocksize) if st2 is not None else 256
         self.stats = stat_args(qs)
         self.generation = _generation[0]
+        #: (M, dtype, device) -> _Served or BNB: the decision and plan of each batch bucket's rows
         self.calls: dict = {}
+        #: (A.shape, A.dtype, device) -> (_Served, output shape) or (BNB, None): the hot path's one lookup, for the
+        #: shapes of at most MAX_M rows (so that it stays small)
+        self.by_shape: dict = {}
+        #: the packed weight's address last checked (alignment, layout, size): a call at that address skips it
+        self.b_checked = None
 
     # a copied or pickled quant state carries no prepared weight (its launches hold locks and device
     # pointers): it is prepared on its own first call
@@ -284,31 +290,32 @@ def served_call(A, qs, M: Optional[int] = None, bias=None, B=None):
     key = (M, A.dtype, A.get_device())
     s = w.calls.get(key)
     if s is None:
-        if not 1 <= M <= MAX_M:
+        if not 1 <= M <= MAX_M:      # not a decode batch (nor kept: prefill lengths are many)
+            return BNB
+        try:
+            s = _prepare(w, qs, A, M, bias, B)
+        except UnsupportedInput:
             s = BNB
-        else:
-            try:
-                s = _prepare(w, qs, A, M, bias, B)
-            except UnsupportedInput:
-                s = BNB
-            if s is None:            # not decided here (a CUDA-graph capture): bnb serves this call only
-                return BNB
+        if s is None:                # not decided here (a CUDA-graph capture): bnb serves this call only
+            return BNB
         w.calls[key] = s
     return s
 
 
-def _launch(s: _Served, w: _Weight, A, B, out, bias):
-    """Per-call checks that the entry cannot hold (A's and B's layout, ``out``, ``bias``), then the launch.
+def _launch(s: _Served, w: _Weight, A, B, out, bias, out_shape):
+    """Per-call checks that the entry cannot hold (A's layout, B's address, ``out``, ``bias``), then the launch.
     Returns the output, or None when this call's tensors are ones the kernel cannot take."""
     if not A.is_contiguous():
         A = A.contiguous()
     a = A.data_ptr()
-    with _no_torch_function():       # bnb's Params4bit reads each attribute through __torch_function__ (~4 us)
-        b = B.data_ptr()
-        if b & 15 or not B.is_contiguous() or B.numel() * B.element_size() < s.plan.N * s.plan.K // 2:
-            return None
     if a & 15:
         return None
+    with _no_torch_function():       # bnb's Params4bit reads each attribute through __torch_function__ (~4 us)
+        b = B.data_ptr()
+        if b != w.b_checked:
+            if b & 15 or not B.is_contiguous() or B.numel() * B.element_size() < s.plan.N * s.plan.K // 2:
+                return None
+            w.b_checked = b
     if bias is not None:
         if bias.dtype != A.dtype or bias.numel() != s.N or not bias.is_contiguous():
             return None
@@ -316,9 +323,9 @@ def _launch(s: _Served, w: _Weight, A, B, out, bias):
     else:
         bias_ptr = 0
     if out is None:
-        out = A.new_empty((*A.shape[:-1], s.N))          # A's dtype and device: fewer arguments to parse
+        out = A.new_empty(out_shape)          # A's dtype and device: fewer arguments to parse
     elif out.dtype != A.dtype or out.numel() != A.numel() // s.plan.K * s.N or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {A.dtype} tensor of shape {(*A.shape[:-1], s.N)}, got "
+        raise ValueError(f"out must be a contiguous {A.dtype} tensor of shape {tuple(out_shape)}, got "
                          f"{out.dtype} {tuple(out.shape)}")
     if not s.order_free and _deterministic():
         return None
@@ -330,11 +337,25 @@ def _launch(s: _Served, w: _Weight, A, B, out, bias):
 
 def fused_or_none(A, B, qs, out=None, bias=None):
     """The fused kernel's result for bnb's grad-free ``matmul_4bit(A, B, qs, out, bias)``, or None when bnb
-    should serve this call (decided once per weight and M; the caller counts and calls bnb)."""
-    s = served_call(A, qs, bias=bias, B=B)
+    should serve this call (decided once per weight and M; the caller counts and calls bnb). The hot path: one
+    attribute read and one dictionary lookup by A's shape, dtype and device, then :func:`_launch`."""
+    w = qs.__dict__.get("_nf4tune_weight")
+    if w is None or not w.holds(qs):
+        w = _weight(qs)
+    shape = A.shape
+    key = (shape, A.dtype, A.get_device())
+    hit = w.by_shape.get(key)
+    if hit is None:
+        K = w.K
+        M = A.numel() // K if shape[-1] == K else 0
+        s = served_call(A, qs, M, bias, B)
+        hit = (s, None) if s is BNB else (s, torch_size((*shape[:-1], s.N)))
+        if (M, A.dtype, key[2]) in w.calls:        # decided (not a call inside a capture), at most MAX_M rows
+            w.by_shape[key] = hit
+    s = hit[0]
     if s is BNB:
         return None
-    return _launch(s, qs.__dict__["_nf4tune_weight"], A, B, out, bias)
+    return _launch(s, w, A, B, out, bias, hit[1])
 
 
 def run_bnb(fn, *args):
@@ -407,6 +428,14 @@ def served_gemm(A, B, shapeB, blocksize, quant_type, bias, qs_of):
     if y is None:
         _runtime._counts["matmul_bnb"] += 1
     return y
+
+
+def torch_size(dims):
+    global torch_size
+    import torch
+
+    torch_size = torch.Size
+    return torch_size(dims)
 
 
 def _no_torch_function():
