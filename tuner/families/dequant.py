@@ -126,21 +126,29 @@ class DequantPlan:
     def check_call(self, A, out, device_index: int) -> None:
         """The per-call checks of ``A`` and ``out`` (``out`` of this plan's shape and dtype):
         bnb's error kinds, and :class:`UnsupportedInput` for a misaligned or non-contiguous view."""
+        self.check_out(out, A, device_index)
+        self.check_packed(A)
+
+    def check_out(self, out, A, device_index: int) -> None:
+        """``out``'s checks (a tensor the caller gave; one the runtime allocated needs none)."""
         if out.shape != self.shape:
             raise ValueError(f"Expected out.shape == {list(self.shape)}, got {out.shape}")
         if out.get_device() != device_index:
             raise RuntimeError(f"Expected out.device == {A.device}, got {out.device}")
         if not out.is_contiguous():
             raise UnsupportedInput("out must be contiguous")
+        if out.data_ptr() % self.store_align:
+            raise UnsupportedInput(f"out's address is not {self.store_align}-byte aligned (this variant stores "
+                                   f"{self.store_align} bytes at a time): {self.config.short()}")
+
+    def check_packed(self, A) -> None:
+        """The packed input's checks: its size and alignment (the runtime asks once per address)."""
         if A.nbytes < self.nbytes_in:
             raise ValueError(f"A holds {A.nbytes} bytes, {self.nbytes_in} needed for quant_state.shape "
                              f"{tuple(self.shape)}")
         if A.data_ptr() % self.load_align:
             raise UnsupportedInput(f"A's address is not {self.load_align}-byte aligned (this variant loads "
                                    f"{self.config.bytes_per_thread} bytes at a time): {self.config.short()}")
-        if out.data_ptr() % self.store_align:
-            raise UnsupportedInput(f"out's address is not {self.store_align}-byte aligned (this variant stores "
-                                   f"{self.store_align} bytes at a time): {self.config.short()}")
 
 
 @dataclass

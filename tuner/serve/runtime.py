@@ -104,6 +104,8 @@ class _Prepared:
     device_index: int
     plan: _Plan
     stats: tuple          # absmax u8, code, absmax2, absmax f32, offset
+    #: the packed input's (size, address) last checked: a call with the same skips the check
+    packed_checked: tuple = (0, 0)
 
 
 def _still_valid(p: _Prepared, qs) -> bool:
@@ -157,11 +159,16 @@ def dequantize_4bit(A, quant_state=None, absmax=None, out=None, blocksize=None, 
         out = A.new_empty(p.shape, dtype=p.dtype)       # A's device: fewer arguments to parse than torch.empty
     elif out.dtype is not p.dtype:
         raise ValueError(f"Expected out.dtype == {p.dtype}, got {out.dtype}")
+    else:
+        served.plan.check_out(out, A, p.device_index)
     if not A.is_contiguous():
         A = A.contiguous()
-    served.plan.check_call(A, out, p.device_index)
+    a = A.data_ptr()
+    if (A.nbytes, a) != p.packed_checked:
+        served.plan.check_packed(A)
+        p.packed_checked = (A.nbytes, a)
     s = p.stats
-    served.launch((A.data_ptr(), s[0], s[1], s[2], s[3], s[4], out.data_ptr()), _raw_stream(p.device_index))
+    served.launch((a, s[0], s[1], s[2], s[3], s[4], out.data_ptr()), _raw_stream(p.device_index))
     _counts["calls"] += 1
     # bnb's shim for the transposed [1, (n+1)//2] packed form
     if A.shape[0] == 1:
