@@ -194,6 +194,7 @@ def test_the_hot_path_looks_a_call_up_by_its_shape_and_keeps_no_prefill_lengths(
     assert len(w.by_shape) == 2 and set(w.calls) == {(1, torch.bfloat16, -1)} and prepared == [1]
     # a packed weight at a new address is checked: too small, declined; the right size, served
     assert rt.fused_or_none(A3, torch.zeros(16, 1, dtype=torch.uint8), qs) is None
+    assert rt.fused_or_none(A3, B.view(2, -1)[:, ::2], qs) is None                 # not contiguous, at B's address
     B2 = B.clone()
     assert rt.fused_or_none(A3, B2, qs) is not None and launches[-1][1] == B2.data_ptr() and w.b_checked == B2.data_ptr()
     # out: written in place when it holds the output, refused otherwise

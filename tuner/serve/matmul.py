@@ -209,7 +209,7 @@ class _Weight:
         #: (A.shape, A.dtype, device) -> (_Served, output shape) or (BNB, None): the hot path's one lookup, for the
         #: shapes of at most MAX_M rows (so that it stays small)
         self.by_shape: dict = {}
-        #: the packed weight's address last checked (alignment, layout, size): a call at that address skips it
+        #: the packed weight's address last checked (alignment, size): a call at that address skips those checks
         self.b_checked = None
 
     # a copied or pickled quant state carries no prepared weight (its launches hold locks and device
@@ -312,8 +312,10 @@ def _launch(s: _Served, w: _Weight, A, B, out, bias, out_shape):
         return None
     with _no_torch_function():       # bnb's Params4bit reads each attribute through __torch_function__ (~4 us)
         b = B.data_ptr()
+        if not B.is_contiguous():
+            return None
         if b != w.b_checked:
-            if b & 15 or not B.is_contiguous() or B.numel() * B.element_size() < s.plan.N * s.plan.K // 2:
+            if b & 15 or B.numel() * B.element_size() < s.plan.N * s.plan.K // 2:
                 return None
             w.b_checked = b
     if bias is not None:
