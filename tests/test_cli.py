@@ -290,7 +290,7 @@ def test_export_of_an_empty_database_fails_and_writes_nothing(tmp_path, capsys):
 
 
 def test_export_over_a_table_replaces_only_the_problems_the_database_holds(tmp_path, capsys):
-    from nf4tune.serve.table import PACKAGED_TABLE, ConfigTable
+    from nf4tune.serve.table import PACKAGED_TABLE, ConfigTable, entry_key
 
     db = _h200_copy(tmp_path)
     base = json.loads(PACKAGED_TABLE.read_text())
@@ -302,8 +302,7 @@ def test_export_over_a_table_replaces_only_the_problems_the_database_holds(tmp_p
     said = capsys.readouterr().out
     merged = json.loads(out.read_text())["entries"]
 
-    def key(e):
-        return (e["gpu"], e["family"], tuple(e["shape"]), e["dtype"], e["quant"], e["blocksize"], e.get("m"))
+    key = entry_key
 
     replaced = {key(e) for e in fresh} & {key(e) for e in base["entries"]}
     assert replaced and f"{len(replaced)} of its {len(base['entries'])} entries replaced" in said

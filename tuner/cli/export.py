@@ -32,7 +32,7 @@ def add_parser(sub):
 def run(args) -> int:
     from .._files import atomic_write
     from ..measure.record import table_entries
-    from ..serve.table import table_document
+    from ..serve.table import entry_key, table_document
 
     output_file(args.output)
     base = _base_entries(args.over) if args.over else []
@@ -40,25 +40,19 @@ def run(args) -> int:
     entries = table_entries(repo, default_space=args.default_space)
     if not entries:
         raise CannotRun(f"no valid measurement stored in {repo.url}: nothing to export")
-    mine = {_entry_key(e) for e in entries}
-    kept = [e for e in base if _entry_key(e) not in mine]
+    mine = {entry_key(e) for e in entries}
+    kept = [e for e in base if entry_key(e) not in mine]
     atomic_write(args.output, json.dumps(table_document(entries + kept), indent=2))
     over = f" over {args.over} ({len(base) - len(kept)} of its {len(base)} entries replaced)" if args.over else ""
     print(f"wrote {len(entries)} tuned problem(s){over} to {args.output}")
     return 0
 
 
-def _entry_key(e: dict) -> tuple:
-    return (e["gpu"], e["family"], tuple(e["shape"]), e["dtype"], e["quant"], e["blocksize"], e.get("m"))
-
-
 def _base_entries(path) -> list:
     """The entries of the table file ``path`` as written (checked by the runtime's own reader)."""
-    from ..serve.table import ConfigTable, read_table_document
+    from ..serve.table import read_table_entries
 
     try:
-        entries = list(read_table_document(path)["entries"])
-        ConfigTable(entries, str(path))          # every entry as the runtime reads it
-        return entries
-    except (ValueError, KeyError, TypeError) as e:
+        return read_table_entries(path)
+    except ValueError as e:
         raise UserError(f"--over: {e}") from None

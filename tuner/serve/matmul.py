@@ -351,7 +351,7 @@ def fused_or_none(A, B, qs, out=None, bias=None):
         K = w.K
         M = A.numel() // K if shape[-1] == K else 0
         s = served_call(A, qs, M, bias, B)
-        hit = (s, None) if s is BNB else (s, torch_size((*shape[:-1], s.N)))
+        hit = (s, None) if s is BNB else (s, (*shape[:-1], s.N))
         if (M, A.dtype, key[2]) in w.calls:        # decided (not a call inside a capture), at most MAX_M rows
             w.by_shape[key] = hit
     s = hit[0]
@@ -430,14 +430,6 @@ def served_gemm(A, B, shapeB, blocksize, quant_type, bias, qs_of):
     if y is None:
         _runtime._counts["matmul_bnb"] += 1
     return y
-
-
-def torch_size(dims):
-    global torch_size
-    import torch
-
-    torch_size = torch.Size
-    return torch_size(dims)
 
 
 def _no_torch_function():

@@ -28,7 +28,7 @@ from ..families import get as get_family
 from ..vocabulary import InvalidConfig, Problem
 
 __all__ = ["Choice", "ConfigTable", "PACKAGED_TABLE", "TABLE_FORMAT", "use_configs", "current_table",
-           "choose_config", "on_change", "table_document",
+           "choose_config", "on_change", "table_document", "entry_key", "read_table_entries",
            "user_table_path", "reload_user_table", "shape_distance"]
 
 PACKAGED_TABLE = Path(__file__).with_name("tuned_configs.json")
@@ -195,6 +195,21 @@ def read_table_document(path) -> dict:
             or not isinstance(data.get("entries"), list)):
         raise ValueError(f"{path} is not a table written by `nf4-tune export` (format 1 or {TABLE_FORMAT})")
     return data
+
+
+def read_table_entries(path) -> list:
+    """The entries of the table file ``path`` as written (dicts), each checked as the runtime reads it: a
+    ValueError that says why otherwise."""
+    entries = list(read_table_document(path)["entries"])
+    ConfigTable(entries, str(path))
+    return entries
+
+
+def entry_key(e: dict) -> tuple:
+    """What a table entry (a dict as a table file holds it) is for: its GPU model and problem. Two entries of one
+    key are the same (GPU, problem); laying tables over each other keeps one of each."""
+    return (e["gpu"], e.get("family", "dequant"), tuple(e["shape"]), e["dtype"], e["quant"], e["blocksize"],
+            e.get("m"))
 
 
 def table_document(entries: list) -> dict:

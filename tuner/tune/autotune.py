@@ -79,18 +79,16 @@ def candidates(table, gpu: str, problem: Problem, accepts, limit: int = MAX_CAND
 def _user_entries(path) -> list:
     if not os.path.exists(path):
         return []
-    from ..serve.table import ConfigTable
+    from ..serve.table import read_table_entries
 
-    ConfigTable.from_file(path)                 # a table the runtime can read, or ValueError
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)["entries"]
+    return read_table_entries(path)             # a table the runtime can read, or ValueError
 
 
 def write_user_entry(entry: dict, path=None) -> str:
     """Put ``entry`` into the per-user table (replacing the entry of the same GPU model and problem), under a
     file lock so that processes autotuning at once keep each other's entries; written atomically."""
     from .._files import atomic_write
-    from ..serve.table import table_document, user_table_path
+    from ..serve.table import entry_key, table_document, user_table_path
 
     path = str(path or user_table_path())
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -102,8 +100,7 @@ def write_user_entry(entry: dict, path=None) -> str:
             warnings.warn(f"nf4-tune autotune: {path} is not a readable table ({e}); it is started again",
                           RuntimeWarning, stacklevel=2)
             entries = []
-        key = ("gpu", "family", "shape", "dtype", "quant", "blocksize", "m")
-        entries = [e for e in entries if tuple(e.get(k) for k in key) != tuple(entry.get(k) for k in key)]
+        entries = [e for e in entries if entry_key(e) != entry_key(entry)]
         entries.append(entry)
         atomic_write(path, json.dumps(table_document(entries), indent=2))
     return path
