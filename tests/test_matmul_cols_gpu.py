@@ -27,6 +27,7 @@ from nf4tune.families.matmul import MatmulPlan
 from nf4tune.kernel.launch import LoadedKernel, bind, load_kernel
 from nf4tune.measure.gate import check_config
 from nf4tune.vocabulary import InvalidConfig, Problem, UnsupportedInput
+from wrong_kernels import COLS as WRONG_COLS, wrong_source
 
 COLS = dict(mma="mma-cols", lut="pairx", astage="shared", load_bytes=16, scale="block", warps=8)
 
@@ -237,11 +238,8 @@ def test_the_target_shapes(seed, config):
 def test_the_gate_rejects_a_wrong_mma_cols_kernel(seed):
     """The gate has teeth for this structure: the second run of a row (part t + 4) fed as the first's, or the
     scale of every part taken from its first block, is rejected."""
-    c = _base(CONFIGS[0])
-    src = c.render()
-    for old, new in (("cols_pair(W.w[rt][0][COLS_RUNW + wi]", "cols_pair(W.w[rt][0][wi]"),
-                     ("cols_code2(W.q[rt][h][0], j, L.lane_hi)", "cols_code2(W.q[rt][h][0], 0, L.lane_hi)")):
-        assert src.count(old) == 1, old
-        wrong = LoadedKernel(c, source=src.replace(old, new))
+    c = _base(WRONG_COLS)
+    for name in ("cols-first-run-twice", "cols-one-scale"):
+        wrong = LoadedKernel(c, source=wrong_source(name, c))
         r = check_config(c, P(512, 2048, 1), seed=seed, kernel=wrong)
-        assert not r.ok, f"{old} -> {new} passed the gate"
+        assert not r.ok, f"{name} passed the gate"

@@ -25,6 +25,7 @@ from nf4tune.families.matmul import MatmulPlan, gamma, rows_span
 from nf4tune.kernel.launch import LoadedKernel
 from nf4tune.measure.gate import check_config
 from nf4tune.vocabulary import InvalidConfig, Problem, UnsupportedInput
+from wrong_kernels import MMA, SIMT, wrong_source
 
 T = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -433,26 +434,16 @@ def test_the_float_pair_table_sums_as_the_16_entry_table_bit_for_bit(seed, dtype
     assert compared >= 2, "pairf met the 16-entry table at too few (config, shape) pairs"
 
 
-def _wrong(config, old, new):
-    src = config.render()
-    assert old in src
-    return LoadedKernel(config, source=src.replace(old, new, 1))
-
-
-#: SIMT at the served M = 1 shape (16-byte loads, 4 rows per warp, one scale per run), a split-K of 4 and of 2
-SIMT = MM.config(load_bytes=16, rows_per_warp=4, mtile=1, warps=4, ksplit=1, m=1)
+#: SIMT at the served M = 1 shape with a split-K of 4 and of 2 (SIMT and MMA: tests/wrong_kernels.py)
 SIMT_SPLIT4 = MM.config(load_bytes=16, rows_per_warp=2, mtile=1, warps=2, ksplit=4, m=1)
 SIMT_SPLIT2 = SIMT_SPLIT4.replace(ksplit=2, warps=8)
-#: the tensor-core path that scales every weight (experimental)
-MMA = MM.config(mma="mma", rows_per_warp=16, mtile=8, warps=4, ksplit=1, scale="value", m=8)
 
 
 def test_the_gate_rejects_wrong_kernels(seed):
-    prob = P(512, 1024, 1)
-    swapped = _wrong(SIMT, "acc = fmaf(first, a[2 * j], acc);", "acc = fmaf(second, a[2 * j], acc);")
-    r = check_config(SIMT, prob, seed=seed, kernel=swapped)
+    swapped = LoadedKernel(SIMT, source=wrong_source("simt-swapped-values"))
+    r = check_config(SIMT, P(512, 1024, 1), seed=seed, kernel=swapped)
     assert not r.ok and "bound" in r.reason
-    unscaled = _wrong(MMA, "first = __fmul_rn(first, sc);", "first = __fmul_rn(first, 1.0f);")
+    unscaled = LoadedKernel(MMA, source=wrong_source("mma-unscaled"))
     r = check_config(MMA, P(512, 1024, 8), seed=seed, kernel=unscaled)
     assert not r.ok
 

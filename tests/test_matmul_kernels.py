@@ -249,3 +249,13 @@ def test_stream_k_slices_keep_the_one_slice_loop(compile_cache):
     for op in ("HMMA", "LDG"):
         assert dict(group[1].mix).get(op) == dict(group[0].mix).get(op), op
     assert group[1].path <= 1.1 * group[0].path, (group[0].path, group[1].path)
+
+
+def test_every_wrong_kernel_mutation_finds_its_line():
+    """The GPU tests' wrong kernels (tests/wrong_kernels.py) each change one line that the template still holds
+    exactly once: a template edit that moves a line fails here, on the CPU."""
+    from wrong_kernels import MUTATIONS, wrong_source
+
+    for name, (config, old, new) in MUTATIONS.items():
+        changed = wrong_source(name)
+        assert changed != config.render() and new in changed, name
