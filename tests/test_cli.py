@@ -92,6 +92,12 @@ def test_no_command_prints_help_and_is_a_usage_error(capsys):
     assert cli.main([]) == 2
 
 
+def test_pdl_is_an_option_of_generate_only(capsys):
+    """bench --pdl without --generate would be ignored: it is a usage error that says so (before any GPU check)."""
+    assert cli.main(["bench", "--pdl"]) == 2
+    assert "--pdl is an option of --generate" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(gpu_available(), reason="checks the no-GPU message")
 def test_bench_without_gpu_says_so_and_exits_2(capsys):
     assert cli.main(["bench", "--shape", "64x64"]) == 2

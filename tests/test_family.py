@@ -102,7 +102,7 @@ def test_counts_take_at_most_5_s_and_300_mb_for_every_family_and_space():
             assert c.exact and c.configs > 0 and c.sources > 0
             assert seconds < 5.0, (fam.name, experimental, seconds)
             assert peak < 300 * 2**20, (fam.name, experimental, peak)
-    assert MM.count(experimental=True).configs == 11109360 and MM.count(experimental=True).sources == 87328
+    assert MM.count(experimental=True).configs == 22218720 and MM.count(experimental=True).sources == 174656
 
 
 def test_the_space_command_answers_within_its_bounds():
@@ -118,7 +118,7 @@ def test_the_space_command_answers_within_its_bounds():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert (data["whole_space"]["size"], data["whole_space"]["distinct_sources"]) == (11109360, 87328)
+    assert (data["whole_space"]["size"], data["whole_space"]["distinct_sources"]) == (22218720, 174656)
     assert data["count"]["exact"] and data["whole_space"]["count"]["exact"]
     cpu, rss_kb = re.search(r"USAGE ([\d.]+) (\d+)", r.stderr).groups()
     assert float(cpu) < 5.0 and int(rss_kb) < 300 * 1024, (cpu, rss_kb)

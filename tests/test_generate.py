@@ -56,3 +56,34 @@ def test_rounds_are_interleaved_the_first_discarded_and_the_table_printed(monkey
     assert "median of 2 interleaved rounds after a discarded one" in text
     row = next(line for line in text.splitlines() if " patched " in line)
     assert row.split()[:3] == ["1", "eager", "patched"]
+
+
+def test_pdl_adds_a_graph_variant_served_with_programmatic_dependent_launch(monkeypatch):
+    """With pdl, the graph half runs a fourth variant, patched+pdl: under the patch with the runtime's programmatic
+    dependent launch on (and off again after it, for every other variant); its row is printed beside the others.
+    The graph step is a double here (it needs a GPU)."""
+    import contextlib
+
+    import bitsandbytes as bnb
+
+    from nf4tune.bench import decode as D
+    from nf4tune.serve import matmul as served
+
+    seen = []
+
+    def step_times(model, batch, **kw):
+        seen.append((hasattr(bnb.matmul_4bit, "__wrapped__"), served._pdl_override[0]))
+        return [2.0, 2.2, 2.1], "cuda graph", torch.zeros(batch, 8)
+
+    monkeypatch.setattr(D, "decode_step_times", step_times)
+    monkeypatch.setattr(D, "free_4bit_linears", contextlib.nullcontext)
+    monkeypatch.setattr(D, "read_ceiling_gbps", lambda: 3000.0)
+    monkeypatch.setattr(G, "eager_step_times", lambda model, ids, new_tokens, skip=4: [1.0, 1.0])
+    d = G.generate_benchmark(None, layers=1, batches=(1,), rounds=1, prompt_len=4, device="cpu", pdl=True, **TINY)
+    # bf16, bnb, patched, patched+pdl, then the no-4bit bound
+    assert seen == [(False, None), (False, None), (True, None), (True, True), (False, None)]
+    assert served._pdl_override[0] is None
+    graph = [r["variant"] for r in d["results"] if r["mode"] == "graph"]
+    assert graph == ["bf16", "bnb", "patched", "patched+pdl", "no-4bit"]
+    row = next(line for line in G.format_generate(d).splitlines() if "patched+pdl" in line)
+    assert row.split()[:3] == ["1", "graph", "patched+pdl"]

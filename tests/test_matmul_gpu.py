@@ -587,3 +587,72 @@ def test_cuda_graph_capture_and_torch_compile(seed, tmp_path, config):
         del eager
     finally:
         table.use_configs(None)
+
+
+#: one served structure each, at split-K 1 or 2 (order-free sums: bit-for-bit comparable), for programmatic
+#: dependent launch: (config, M)
+PDL_CHAIN = [
+    MM.config(mma="simt", load_bytes=16, rows_per_warp=2, mtile=1, warps=16, ksplit=1, lut="pairx",
+              astage="shared", prefetch=1, m=1),
+    MM.config(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=8, ksplit=2, lut="pairx",
+              astage="shared", prefetch=1, unroll=2, span=2, m=1),
+    MM.config(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=32, warps=16, ksplit=1, lut="pairx",
+              astage="shared", prefetch=1, unroll=1, span=2, achunk=1, m=16),
+    MM.config(mma="mma-cols", load_bytes=16, rows_per_warp=16, mtile=8, cols_mb=4, warps=16, ksplit=2,
+              lut="pairx", astage="shared", prefetch=1, m=8),
+    MM.config(mma="mma-ks", load_bytes=16, rows_per_warp=16, mtile=16, warps=8, ksplit=1, lut="pairx",
+              astage="global", prefetch=0, m=16),
+]
+
+
+@pytest.mark.parametrize("config", PDL_CHAIN, ids=[label(c) for c in PDL_CHAIN])
+def test_programmatic_dependent_launch_keeps_the_sums(seed, tmp_path, monkeypatch, config):
+    """NF4TUNE_PDL=1: three served matmuls back to back, each one's activations the output of the one before, so a
+    kernel that read A before its predecessor finished would read the last round's values. Fresh activations each
+    round, outputs equal to plain launches' bit for bit, eager and replayed from a CUDA graph; the launch is
+    cuLaunchKernelEx's."""
+    from nf4tune import serve
+    from nf4tune.serve import matmul as served
+    from nf4tune.serve import table
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90")
+    gpu = torch.cuda.get_device_name(0)
+    torch.manual_seed(seed)
+    n, m = 4096, config.m
+    layers = [bnb.nn.Linear4bit(n, n, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4").cuda()
+              for _ in range(3)]
+
+    def chain(x):
+        for layer in layers:
+            x = serve.matmul_4bit(x, layer.weight.t(), layer.weight.quant_state)
+        return x
+
+    xs = [torch.randn(m, n, dtype=torch.bfloat16, device="cuda") / 8 for _ in range(4)]
+    try:
+        _table_with(tmp_path, [_entry(gpu, n, n, m, config, 3.0)])
+        monkeypatch.setenv("NF4TUNE_PDL", "0")
+        want = [chain(x) for x in xs]
+        assert served.served_call(xs[0], layers[0].weight.quant_state).launch.via != "cuda.bindings cuLaunchKernelEx"
+        monkeypatch.setenv("NF4TUNE_PDL", "1")
+        _table_with(tmp_path, [_entry(gpu, n, n, m, config, 3.0)])      # the decisions made again
+        calls = serve.stats()["matmul_calls"]
+        got = [chain(x) for x in xs]
+        assert serve.stats()["matmul_calls"] - calls == 3 * len(xs)
+        launch = served.served_call(xs[0], layers[0].weight.quant_state).launch
+        assert launch.pdl and launch.via == "cuda.bindings cuLaunchKernelEx"
+        for w, g in zip(want, got):
+            assert not g.isnan().any() and torch.equal(w, g)
+        # a CUDA graph of the chain: the launches keep their programmatic edges inside the graph
+        src = torch.empty_like(xs[0])
+        src.copy_(xs[0])
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain(src)
+        for x, w in zip(xs[::-1], want[::-1]):
+            src.copy_(x)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, w)
+    finally:
+        table.use_configs(None)

@@ -259,3 +259,59 @@ def test_every_wrong_kernel_mutation_finds_its_line():
     for name, (config, old, new) in MUTATIONS.items():
         changed = wrong_source(name)
         assert changed != config.render() and new in changed, name
+
+
+#: one config of each structure (the bulk feed is mma-ks with a producer warp; stream-K is mma-rows persist)
+PDL_STRUCTURES = [
+    MM.config(mma="simt", load_bytes=16, rows_per_warp=2, mtile=1, warps=16, lut="pairx", astage="shared",
+              prefetch=1, m=1),
+    MM.config(mma="mma", rows_per_warp=16, mtile=8, warps=4, scale="value", m=8),
+    MM.config(mma="mma-ks", load_bytes=16, rows_per_warp=16, mtile=16, warps=8, lut="pairx", m=16),
+    MM.config(mma="mma-ks", load_bytes=8, rows_per_warp=16, mtile=8, warps=2, stages=2, feed="bulk", m=8),
+    MM.config(mma="mma-rows", load_bytes=16, rows_per_warp=16, mtile=8, warps=8, lut="pairx", astage="shared",
+              prefetch=1, unroll=2, span=2, m=1),
+    MM.config(mma="mma-rows", load_bytes=8, rows_per_warp=16, mtile=8, warps=8, persist=1, lut="pairx",
+              astage="shared", m=1),
+    MM.config(mma="mma-cols", load_bytes=16, rows_per_warp=16, mtile=1, warps=8, lut="pairx", astage="shared",
+              prefetch=1, m=1),
+]
+
+
+@pytest.mark.parametrize("config", PDL_STRUCTURES, ids=lambda c: c.short().replace(" ", "-"))
+def test_pdl_adds_the_grid_dependency_wait_outside_the_main_loop(config, compile_cache):
+    """pdl 1 compiles each structure with one griddepcontrol.wait (SASS ACQBULK) and one launch_dependents
+    (PREEXIT), which pdl 0 lacks, outside the main loop: its trip at most one instruction longer (ptxas schedules
+    the prologue around the wait; the experimental mma path's trip came out one shorter) and registers within 8."""
+    from nf4tune.kernel.compiler import compile_config
+    from nf4tune.kernel.sass import disassemble, find_nvdisasm, loops
+
+    try:
+        find_nvdisasm()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    kernels = [compile_config(config.replace(pdl=p), "sm_90", cache_dir=compile_cache) for p in (0, 1)]
+    sass = [disassemble(k.cubin) for k in kernels]
+
+    def count(text, op):
+        return sum(1 for line in text.splitlines() if "/*" in line and ";" in line
+                   and op in line.split("*/", 1)[-1].split(";")[0].split())
+
+    assert [count(s, "ACQBULK") for s in sass] == [0, 1]
+    assert [count(s, "PREEXIT") for s in sass] == [0, 1]
+    inner = [min(lp.path for lp in loops(s, min_len=20)) for s in sass]
+    assert inner[1] <= inner[0] + 1
+    assert abs(kernels[0].registers - kernels[1].registers) <= 8 and not kernels[1].spill_stores
+
+
+def test_pdl_is_asked_for_by_the_environment(monkeypatch):
+    """NF4TUNE_PDL: 0 or unset serves plain launches without asking the GPU; a value other than 0 or 1 is an
+    error that says what it takes."""
+    from nf4tune.serve.matmul import pdl_enabled
+
+    monkeypatch.delenv("NF4TUNE_PDL", raising=False)
+    assert pdl_enabled(0) is False
+    monkeypatch.setenv("NF4TUNE_PDL", "0")
+    assert pdl_enabled(0) is False
+    monkeypatch.setenv("NF4TUNE_PDL", "yes")
+    with pytest.raises(ValueError, match="1 .programmatic dependent launch. or 0"):
+        pdl_enabled(0)

@@ -25,6 +25,7 @@
 // header says what its structure does and what each of its knobs changes; the knobs read here:
 //   NF4T_LOAD_BYTES     bytes of W one lane loads per row per step: 4, 8 or 16 (one load of that
 //                       width; 8, 16 or 32 values).
+//   NF4T_PDL            0 or 1: programmatic dependent launch (pdl_wait below; experimental).
 //   NF4T_ROWS_PER_WARP  rows of W per warp (SIMT: all their loads issued before first use; the
 //                       tensor-core paths: m16 tiles), all reusing one load of A.
 //   NF4T_MTILE          rows of A (the batch) per CTA.
@@ -422,6 +423,21 @@ __device__ __forceinline__ Scales make_scales(const u8* absmax_q, const float* c
     s.offset = offset_ptr != nullptr ? __ldg(offset_ptr) : 0.0f;
     s.log2_bs = log2_bs; s.log2_g = log2_g;
     return s;
+}
+
+// ---------------------------------------------------------------- programmatic dependent launch
+// NF4T_PDL 1 (experimental, sm_90+; the runtime with NF4TUNE_PDL=1): launched with programmatic stream
+// serialization, the kernel may start while the kernel before it in the stream is still running. What a kernel
+// does before pdl_wait() reads only the packed weight, its statistics and constants (the first window's W, the
+// tables): never A, never y, the workspace or the counters, which the kernel before may still write or read.
+// pdl_wait() waits for that kernel to finish and its writes to be visible (at once when the launch had no such
+// dependency), then lets the kernel after this one start its own prologue while this one's last CTAs run.
+// NF4T_PDL 0: nothing (the source compiles as before the knob existed).
+__device__ __forceinline__ void pdl_wait() {
+#if NF4T_PDL && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 // The kernel's parameters, the same on every path (tuner/families/matmul/plan.py: MatmulPlan.PARAM_KINDS)

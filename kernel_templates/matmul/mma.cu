@@ -46,6 +46,7 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     const u32 mrows = min((u32)NF4T_MTILE, M - m0);
     const u32 k_begin = blockIdx.y * kper;
     const u32 k_end = min(K, k_begin + kper);
+    pdl_wait();                                           // A and y from here on
 
 #if NF4T_ASTAGE == NF4T_ASTAGE_SHARED
     act_t* a_sh = reinterpret_cast<act_t*>(nf4t_dyn);     // [MTILE][kper]

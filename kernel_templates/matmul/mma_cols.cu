@@ -458,6 +458,7 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     else if (active) cols_start<false>(X, cur, B, s, L, row0, N, K, k_begin, k_end);
 
     cols_setup_table(table, code2);
+    pdl_wait();                                           // A and y from here on
     // A's stage: the CTA's batch rows x its K slice in whole windows (zeros past the slice)
     if (k_begin < k_end) {
         const u32 len = k_end - k_begin;

@@ -58,6 +58,7 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     const float* stab = nullptr;
 #endif
 
+    pdl_wait();                                           // A (the first window's, loaded with W) from here on
     u32 tile = blockIdx.x;
 #if NF4T_STAGES == 0
     KsGroup G;

@@ -230,6 +230,7 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     setup_tables();
     if (code2 != nullptr)
         for (u32 i = threadIdx.x; i < 256; i += blockDim.x) nf4t_code2[i] = __ldg(code2 + i);
+    pdl_wait();                                           // the producer's copies of A from here on
     __syncthreads();
 
     if (warp == warps) {

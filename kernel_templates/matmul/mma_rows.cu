@@ -454,6 +454,7 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     setup_tables();
     if (code2 != nullptr)
         for (u32 i = threadIdx.x; i < 256; i += blockDim.x) nf4t_code2[i] = __ldg(code2 + i);
+    pdl_wait();                                           // A and y from here on
     unsigned char* a_st = nf4t_dyn + NF4T_DYN_TABLE;
     const u32 pitch = tc_a_pitch(kper);
     rows_stage_a(A, a_st, pitch, m0, mrows, K, k_begin, k_end);
@@ -473,6 +474,7 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     const u32 units = tiles * gpt, ctas = gridDim.x;                     // units <= N*K / 512 < 2^22
     u32 u = (u32)((u64)blockIdx.x * units / ctas);
     const u32 u_end = (u32)((u64)(blockIdx.x + 1u) * units / ctas);
+    pdl_wait();                                           // A, y and the workspace from here on
     for (bool first = true; u < u_end; first = false) {
         const u32 tile = u / gpt, g0 = u % gpt, g1 = min(gpt, g0 + (u_end - u));
         const u32 row_first = tile * warps * NF4T_ROWS_PER_WARP;

@@ -245,6 +245,7 @@ extern "C" __global__ void nf4t_matmul(NF4T_MATMUL_PARAMS) {
     setup_tables();
     if (code2 != nullptr)
         for (u32 i = threadIdx.x; i < 256; i += blockDim.x) nf4t_code2[i] = __ldg(code2 + i);
+    pdl_wait();                                           // A and y from here on
 #if NF4T_ASTAGE == NF4T_ASTAGE_SHARED
     // [MTILE][kper] lane-major (a_slot), after lut pairx's / pairf's / pairmix's table; kper is a multiple of the warp step
     act_t* a_sh = reinterpret_cast<act_t*>(nf4t_dyn + NF4T_DYN_TABLE);

@@ -5,7 +5,8 @@ shape by default) in bf16, and a copy with every decoder ``nn.Linear`` as a bnb 
 statistics, blocksize 64; the lm_head stays bf16). Three variants, each run two ways:
 
 - variants: ``bf16`` (the unquantized model), ``bnb`` (bnb's own kernels), ``patched`` (under
-  :func:`nf4tune.patch_bitsandbytes`);
+  :func:`nf4tune.patch_bitsandbytes`); with ``pdl`` a fourth for the graph step, ``patched+pdl`` (patched,
+  the kernels launched with programmatic dependent launch: experimental);
 - eager: ``model.generate`` with greedy decoding and the dynamic cache, the way most bnb users decode; the
   time of each new token is read between generation steps (a logits processor stamps them: eager decode
   synchronises every step), and the median step after the first few is the ms/token;
@@ -29,6 +30,8 @@ __all__ = ["VARIANTS", "GenerateResult", "load_model_config", "build_from_config
            "generate_benchmark", "format_generate"]
 
 VARIANTS = ("bf16", "bnb", "patched")
+#: the graph step patched and launched with programmatic dependent launch (``pdl=True``; experimental)
+PDL_VARIANT = "patched+pdl"
 
 
 @dataclass
@@ -117,12 +120,14 @@ def _summary(variant, batch, mode, rounds, note=""):
 
 def generate_benchmark(config_path: Optional[str] = None, layers: Optional[int] = None, batches=(1, 8),
                        rounds: int = 3, new_tokens: int = 48, prompt_len: int = 64, graph: bool = True,
-                       progress=None, device: str = "cuda", **overrides) -> dict:
+                       progress=None, device: str = "cuda", pdl: bool = False, **overrides) -> dict:
     """tokens/s of HF ``generate`` in bf16, with bnb's kernels and patched, eager and as a CUDA-graph step;
-    ``rounds`` kept rounds after a discarded first one, interleaved."""
+    ``rounds`` kept rounds after a discarded first one, interleaved. ``pdl``: the graph step patched with
+    programmatic dependent launch too (variant ``patched+pdl``)."""
     import torch
 
     from ..serve import stats
+    from ..serve.matmul import use_pdl
     from ..serve.patch import patch_bitsandbytes
     from ..serve.table import current_table
     from .decode import decode_step_times, free_4bit_linears, linear4bit_bytes, quantize_linears, read_ceiling_gbps
@@ -139,15 +144,20 @@ def generate_benchmark(config_path: Optional[str] = None, layers: Optional[int] 
     patch = {"on": None}
 
     def enter(variant):
-        if variant == "patched":
+        if variant in ("patched", PDL_VARIANT):
             patch["on"] = patch_bitsandbytes()
+        if variant == PDL_VARIANT:
+            use_pdl(True)
+            patch["pdl"] = True
 
     def leave():
+        if patch.pop("pdl", False):
+            use_pdl(None)
         if patch["on"] is not None:
             patch["on"].undo()
             patch["on"] = None
 
-    model_of = {"bf16": dense, "bnb": quant, "patched": quant}
+    model_of = {"bf16": dense, "bnb": quant, "patched": quant, PDL_VARIANT: quant}
     results, agreement, calls = [], {}, {}
     for b in batches:
         ids = _prompt(dense, b, prompt_len)
@@ -171,7 +181,7 @@ def generate_benchmark(config_path: Optional[str] = None, layers: Optional[int] 
             note = f"{calls.get(b, 0)} fused matmul calls in the last round" if v == "patched" else ""
             results.append(_summary(v, b, "eager", per[v], note))
         if graph:
-            for v in VARIANTS:
+            for v in VARIANTS + ((PDL_VARIANT,) if pdl else ()):
                 enter(v)
                 try:
                     times, mode, first = decode_step_times(model_of[v], b)
@@ -203,13 +213,13 @@ def format_generate(d: dict) -> str:
     lines = [f"HF generate, {d['config']} ({d['model']}, {d['layers']} layers), prompt {d['prompt_len']}, "
              f"{d['new_tokens']} new tokens, greedy; median of {d['rounds']} interleaved rounds after a discarded one "
              f"(spread: max - min); table {d['table']}",
-             f"{'batch':>5} {'mode':<6} {'variant':<8} {'ms/token':>9} {'spread':>7} {'tokens/s':>9} {'x bnb':>6} "
+             f"{'batch':>5} {'mode':<6} {'variant':<11} {'ms/token':>9} {'spread':>7} {'tokens/s':>9} {'x bnb':>6} "
              f"{'x bf16':>6}  note"]
     for (variant, b, mode), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2] != "eager", kv[0][2],
-                                                                      (VARIANTS + ("no-4bit",)).index(kv[0][0]))):
+                                                                      (VARIANTS + (PDL_VARIANT, "no-4bit")).index(kv[0][0]))):
         xb = by[("bnb", b, mode)]["ms_per_token"] / r["ms_per_token"] if ("bnb", b, mode) in by else float("nan")
         xf = by[("bf16", b, mode)]["ms_per_token"] / r["ms_per_token"] if ("bf16", b, mode) in by else float("nan")
-        lines.append(f"{b:>5} {mode:<6} {variant:<8} {r['ms_per_token']:>9.3f} {r['spread_ms']:>7.3f} "
+        lines.append(f"{b:>5} {mode:<6} {variant:<11} {r['ms_per_token']:>9.3f} {r['spread_ms']:>7.3f} "
                      f"{r['tokens_per_s']:>9.1f} {xb:>6.2f} {xf:>6.2f}  {r['note']}")
     for b in sorted({b for _, b, _ in by}):
         if ("no-4bit", b, "graph") in by and ("bnb", b, "graph") in by:

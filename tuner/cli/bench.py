@@ -62,6 +62,9 @@ def add_parser(sub):
                         "tokens/s, interleaved rounds, the first discarded, the spread shown; not stored")
     p.add_argument("--rounds", type=positive_int, default=3,
                    help="with --generate: rounds kept after the discarded first one (default 3)")
+    p.add_argument("--pdl", action="store_true",
+                   help="with --generate: the CUDA-graph step also patched with programmatic dependent launch "
+                        "(variant patched+pdl, as NF4TUNE_PDL=1 serves; experimental, sm_90+)")
     p.add_argument("--search-quality", action="store_true",
                    help="for each problem (--shape/--model x --m): a --trials and a --reference-trials search, each "
                         "from a fresh database (as a user starts: warm-started from the tables), and how far the "
@@ -136,6 +139,8 @@ def run(args) -> int:
     if sum(map(bool, modes)) > 1:
         raise UserError("--runtime, --exhaustive, --decode, --generate, --host, --search-quality and --fallback-vs are "
                         "separate modes: give one")
+    if args.pdl and not args.generate:
+        raise UserError("--pdl is an option of --generate")
     output_file(args.output)
     if args.decode:
         return _decode(args)
@@ -231,7 +236,7 @@ def _generate(args) -> int:
     _use_table(args)
     require_gpu()
     result = generate_benchmark(args.model[0] if args.model else None, layers=args.layers,
-                                batches=tuple(args.batch or (1, 8)), rounds=args.rounds,
+                                batches=tuple(args.batch or (1, 8)), rounds=args.rounds, pdl=args.pdl,
                                 progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(format_generate(result), flush=True)
     if args.output:

@@ -215,8 +215,26 @@ class PackedLaunch:
         via = via or os.environ.get("NF4TUNE_LAUNCH") or "bindings"
         if via not in ("ctypes", "bindings"):
             raise ValueError(f"launch via {via!r}: ctypes or bindings")
-        self._c_launch = _libcuda_launch() if via == "ctypes" else None
-        if self._c_launch is not None:
+        #: a variant built for programmatic dependent launch (the matmul family's ``pdl`` knob) is launched by
+        #: cuLaunchKernelEx with programmatic stream serialization: it may start while the kernel before it in the
+        #: stream finishes, and waits for it (griddepcontrol.wait) before it reads its activations
+        self.pdl = bool(getattr(getattr(plan, "config", None), "pdl", 0))
+        self._c_launch = _libcuda_launch() if via == "ctypes" and not self.pdl else None
+        if self.pdl:
+            self._function = kernel.function.handle
+            config = driver.CUlaunchConfig()
+            (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX, config.blockDimY, config.blockDimZ,
+             config.sharedMemBytes) = self._geometry
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            config.attrs = [attr]
+            config.numAttrs = 1
+            self._config = config
+            self._launch = driver.cuLaunchKernelEx
+            self._ok = driver.CUresult.CUDA_SUCCESS
+            self._call = self._call_pdl
+        elif self._c_launch is not None:
             self._function = int(kernel.function.handle)
             self._call = self._call_ctypes
         else:
@@ -232,9 +250,17 @@ class PackedLaunch:
         err = self._launch(self._function, *self._geometry, _cu_stream(stream), self._params, 0)[0]
         return 0 if err == self._ok else int(err)
 
+    def _call_pdl(self, stream: int) -> int:
+        self._config.hStream = _cu_stream(stream)        # under the caller's lock, as the packed buffer
+        err = self._launch(self._config, self._function, self._params, 0)[0]
+        return 0 if err == self._ok else int(err)
+
     @property
     def via(self) -> str:
-        """How the launch reaches the driver: ``ctypes`` or ``cuda.bindings``."""
+        """How the launch reaches the driver: ``ctypes``, ``cuda.bindings`` or, for a programmatic dependent
+        launch, ``cuda.bindings cuLaunchKernelEx``."""
+        if self.pdl:
+            return "cuda.bindings cuLaunchKernelEx"
         return "ctypes" if self._c_launch is not None else "cuda.bindings"
 
     def __call__(self, values, stream: int) -> None:

@@ -27,6 +27,7 @@ during a capture is not built there (bnb serves that call).
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from typing import Optional
@@ -270,15 +271,48 @@ def _prepare(w: _Weight, qs, A, M: int, bias, B=None):
     from ..kernel.arch import device_limits
     from ..kernel.launch import PackedLaunch, load_kernel
 
+    config = d.choice.config
+    if pdl_enabled(index):
+        config = config.replace(pdl=1)
     with torch.cuda.device(index):
-        kernel = load_kernel(d.choice.config)
+        kernel = load_kernel(config)
         try:
-            plan = MatmulPlan(d.choice.config, M, N, K, w.blocksize, w.groupsize, device_limits(index),
+            plan = MatmulPlan(config, M, N, K, w.blocksize, w.groupsize, device_limits(index),
                               kernel.compiled.registers, A.device)
         except UnsupportedInput:
             return BNB
         plan.check_stats(w.stats)
         return _Served(PackedLaunch(kernel, plan), plan, N)
+
+
+_pdl_override: list = [None]
+
+
+def use_pdl(flag: Optional[bool]) -> None:
+    """Serve with programmatic dependent launch (True), without (False), or as ``NF4TUNE_PDL`` says (None); the
+    decisions already made are made again on each weight's next call."""
+    _pdl_override[0] = flag
+    _reset()
+
+
+def pdl_enabled(index: int) -> bool:
+    """Whether served kernels are launched for programmatic dependent launch on CUDA device ``index``:
+    ``NF4TUNE_PDL=1`` (or :func:`use_pdl`) and a compute capability of 9.0 or more (experimental). Such a kernel
+    reads the packed weight and its statistics before the kernel launched just before it in the stream has
+    finished, so a weight must not be written by the kernel right before its use (quantize, then synchronize or
+    run anything else first)."""
+    if _pdl_override[0] is not None:
+        wanted = _pdl_override[0]
+    else:
+        flag = os.environ.get("NF4TUNE_PDL", "0")
+        if flag not in ("0", "1"):
+            raise ValueError(f"NF4TUNE_PDL={flag!r}: 1 (programmatic dependent launch) or 0")
+        wanted = flag == "1"
+    if not wanted:
+        return False
+    import torch
+
+    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def served_call(A, qs, M: Optional[int] = None, bias=None, B=None):

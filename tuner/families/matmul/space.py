@@ -445,6 +445,11 @@ KNOBS = (
          help="mma-cols: 1: the pair table at a 64 KiB-aligned shared address, so one byte permute gives a "
               "lookup's whole address (128 KiB of shared memory: one CTA an SM); 0: the table first, its "
               "base added to each lookup's offset"),
+    Knob("pdl", (0, 1), experimental=True, label="pdl{}", hidden=(0,),
+         help="1: programmatic dependent launch (sm_90+): the kernel reads only W, its statistics and its tables "
+              "before a griddepcontrol.wait, so launched with programmatic stream serialization (the runtime "
+              "with NF4TUNE_PDL=1) its prologue overlaps the end of the kernel before it; launched plainly (the "
+              "benchmark harness) the wait returns at once"),
     Knob("dtype", DTYPES, "problem", default="bf16", help="activation (and output) dtype"),
     Knob("quant", QUANTS, "problem", default="nf4", help="4-bit code: nf4 or fp4"),
     Knob("m", M_BUCKETS, "problem", default=1, in_source=False, label="",
