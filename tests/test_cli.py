@@ -79,7 +79,7 @@ def test_compile_takes_experimental_values_when_asked(tmp_path, capsys):
     default space and compiles it with --experimental."""
     argv = ["compile", "--family", "matmul", "--arch", "sm_90", "--dtype", "bf16", "--quant", "nf4", "--cache",
             str(tmp_path), "--quiet", "--sweep", "mma=mma", "--sweep", "rows_per_warp=16", "--sweep", "mtile=8",
-            "--sweep", "m=8", "--sweep", "lut=shared", "--sweep", "astage=global"]
+            "--sweep", "m=8", "--sweep", "lut=shared", "--sweep", "astage=global", "--sweep", "pdl=0"]
     assert cli.main(argv) == 2
     assert "no valid config is left" in capsys.readouterr().err
     assert cli.main(argv + ["--experimental", "--json"]) == 0
