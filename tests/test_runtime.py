@@ -172,6 +172,16 @@ def test_patch_swaps_bnb_and_undo_restores_it():
     p.undo()
     p.undo()                                              # a second undo is harmless
     assert F.dequantize_4bit is orig_deq and not p.active
+    patched = None
+    with runtime.patch_bitsandbytes() as q:
+        patched = F.dequantize_4bit
+    q.reapply()                                           # the same functions again, then bnb's again
+    assert q.active and F.dequantize_4bit is patched
+    q.reapply()                                           # while active: nothing
+    q.undo()
+    assert F.dequantize_4bit is orig_deq and not q.active
+    if cuda_ops:
+        assert cuda_ops._dequant_linear_fallback is orig_fb
 
 
 @pytest.mark.parametrize("quant", ["nf4", "fp4"])

@@ -43,6 +43,7 @@ class BnbPatch:
         import bitsandbytes.functional as F
 
         self._undo = []
+        self._swaps = []
         self._warned = False
         self._states = {}
         original = F.dequantize_4bit
@@ -207,6 +208,16 @@ class BnbPatch:
         old = getattr(module, name)
         setattr(module, name, new)
         self._undo.append((module, name, old))
+        self._swaps.append((module, name, new))
+
+    def reapply(self) -> None:
+        """After :meth:`undo`, swap bnb's functions for the runtimes' again: the same patch, its per-weight
+        caches kept (cheaper than a new :func:`patch_bitsandbytes`). Nothing happens while it is active."""
+        if self._undo:
+            return
+        for module, name, new in self._swaps:
+            self._undo.append((module, name, getattr(module, name)))
+            setattr(module, name, new)
 
     def hand_to_bnb(self, err, fn, *args):
         runtime.count("bnb_handoffs")
