@@ -21,7 +21,8 @@
 
 Calls with CPU tensors keep bnb's own path (counted as ``cpu_handoffs`` in ``stats()``); CUDA
 inputs the fused kernel cannot take run bnb's own kernel with a one-time ``RuntimeWarning``
-(``bnb_handoffs``). As a context manager, or as a call whose result's ``undo()`` restores bnb.
+(``bnb_handoffs``). As a context manager, or as a call whose result's ``undo()`` restores bnb (and
+``reapply()`` patches again with the same caches).
 """
 
 from __future__ import annotations
