@@ -283,7 +283,7 @@ def test_pdl_adds_the_grid_dependency_wait_outside_the_main_loop(config, compile
     (PREEXIT), which pdl 0 lacks, outside the main loop: its trip at most one instruction longer (ptxas schedules
     the prologue around the wait; the experimental mma path's trip came out one shorter) and registers within 8."""
     from nf4tune.kernel.compiler import compile_config
-    from nf4tune.kernel.sass import disassemble, find_nvdisasm, loops
+    from nf4tune.kernel.sass import disassemble, find_nvdisasm, instructions, loops, opcode
 
     try:
         find_nvdisasm()
@@ -293,8 +293,7 @@ def test_pdl_adds_the_grid_dependency_wait_outside_the_main_loop(config, compile
     sass = [disassemble(k.cubin) for k in kernels]
 
     def count(text, op):
-        return sum(1 for line in text.splitlines() if "/*" in line and ";" in line
-                   and op in line.split("*/", 1)[-1].split(";")[0].split())
+        return sum(1 for t in instructions(text)[0] if opcode(t) == op)
 
     assert [count(s, "ACQBULK") for s in sass] == [0, 1]
     assert [count(s, "PREEXIT") for s in sass] == [0, 1]

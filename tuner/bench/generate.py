@@ -148,10 +148,9 @@ def generate_benchmark(config_path: Optional[str] = None, layers: Optional[int] 
             patch["on"] = patch_bitsandbytes()
         if variant == PDL_VARIANT:
             use_pdl(True)
-            patch["pdl"] = True
 
-    def leave():
-        if patch.pop("pdl", False):
+    def leave(variant):
+        if variant == PDL_VARIANT:
             use_pdl(None)
         if patch["on"] is not None:
             patch["on"].undo()
@@ -172,7 +171,7 @@ def generate_benchmark(config_path: Optional[str] = None, layers: Optional[int] 
                     if v == "patched":
                         calls[b] = stats()["matmul_calls"] - c0
                 finally:
-                    leave()
+                    leave(v)
                 if r:
                     per[v].append(statistics.median(steps))
             if r:
@@ -186,7 +185,7 @@ def generate_benchmark(config_path: Optional[str] = None, layers: Optional[int] 
                 try:
                     times, mode, first = decode_step_times(model_of[v], b)
                 finally:
-                    leave()
+                    leave(v)
                 results.append(_summary(v, b, "graph", times, "" if mode == "cuda graph" else mode))
                 if v == "bnb":
                     bnb_first = first

@@ -166,13 +166,13 @@ def linear4bit_forward(in_features: int = 4096, out_features: int = 14336, batch
     x = torch.randn(batch, in_features, dtype=t, device="cuda")
     with torch.no_grad():
         want = layer(x)
-        with patch_bitsandbytes():
+        patch = patch_bitsandbytes()
+        try:
             got = layer(x)
+        finally:
+            patch.undo()
         if not torch.equal(got, want):
             raise RuntimeError("patched Linear4bit output differs from bnb's")
-
-        patch = patch_bitsandbytes()
-        patch.undo()
 
         def patched():
             patch.reapply()

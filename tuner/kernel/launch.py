@@ -220,28 +220,27 @@ class PackedLaunch:
         #: stream finishes, and waits for it (griddepcontrol.wait) before it reads its activations
         self.pdl = bool(getattr(getattr(plan, "config", None), "pdl", 0))
         self._c_launch = _libcuda_launch() if via == "ctypes" and not self.pdl else None
-        if self.pdl:
-            self._function = kernel.function.handle
-            config = driver.CUlaunchConfig()
-            (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX, config.blockDimY, config.blockDimZ,
-             config.sharedMemBytes) = self._geometry
-            attr = driver.CUlaunchAttribute()
-            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            attr.value.programmaticStreamSerializationAllowed = 1
-            config.attrs = [attr]
-            config.numAttrs = 1
-            self._config = config
-            self._launch = driver.cuLaunchKernelEx
-            self._ok = driver.CUresult.CUDA_SUCCESS
-            self._call = self._call_pdl
-        elif self._c_launch is not None:
+        if self._c_launch is not None:
             self._function = int(kernel.function.handle)
             self._call = self._call_ctypes
-        else:
-            self._function = kernel.function.handle
+            return
+        self._function = kernel.function.handle
+        self._ok = driver.CUresult.CUDA_SUCCESS
+        if not self.pdl:
             self._launch = driver.cuLaunchKernel
-            self._ok = driver.CUresult.CUDA_SUCCESS
             self._call = self._call_bindings
+            return
+        config = driver.CUlaunchConfig()
+        (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX, config.blockDimY, config.blockDimZ,
+         config.sharedMemBytes) = self._geometry
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        config.attrs = [attr]
+        config.numAttrs = 1
+        self._config = config
+        self._launch = driver.cuLaunchKernelEx
+        self._call = self._call_pdl
 
     def _call_ctypes(self, stream: int) -> int:
         return self._c_launch(self._function, *self._geometry, stream, self._params, None)
