@@ -204,3 +204,27 @@ def test_both_launch_paths_give_bnbs_bits(seed, via):
             float(qs.offset), out.data_ptr()), torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     assert mismatch_report(out, want) is None
+
+
+def test_search_quality_measures_the_transfer_and_autotunings_pick(tmp_path, monkeypatch):
+    """`bench --search-quality`'s library call on the GPU, tiny searches: on a shape nobody tuned, the
+    runtime's transfer and autotuning's pick are gated and timed with the searches' measurer, beside bnb, and
+    autotuning writes nothing to the per-user table."""
+    from nf4tune.kernel.gpu import require_gpu
+    from nf4tune.tune.quality import format_row, runtime_alternatives, search_quality
+
+    user = tmp_path / "autotuned.json"
+    monkeypatch.setenv("NF4TUNE_AUTOTUNE_TABLE", str(user))
+    T.use_configs(None)
+    prob = Problem((3584, 3072), "bf16", "nf4", 64, "matmul", 1)
+    try:
+        (row,) = search_quality([prob], gpu=require_gpu(), short=2, long=3, seed=5,
+                                alternatives=runtime_alternatives())
+    finally:
+        T.use_configs(None)
+    served, tuned = row.alternatives
+    assert served.name == "transfer" and tuned.name == "autotune"
+    assert served.config and served.median_us > 0 and served.bnb_us > 0, served
+    assert tuned.config is None or tuned.median_us > 0, tuned
+    assert row.long_best_us > 0 and not user.exists()
+    assert "transfer" in format_row(row)

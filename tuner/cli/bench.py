@@ -68,7 +68,10 @@ def add_parser(sub):
     p.add_argument("--search-quality", action="store_true",
                    help="for each problem (--shape/--model x --m): a --trials and a --reference-trials search, each "
                         "from a fresh database (as a user starts: warm-started from the tables), and how far the "
-                        "short one's best is from the long one's (target: within 5%%); not stored")
+                        "short one's best is from the long one's (target: within 5%%); beside them, measured alike, the "
+                        "config the runtime serves without a search (exact, transfer: within 15%%) and the one "
+                        "first-use autotuning picks (matmul: within 5%%); a row per problem as it finishes; not "
+                        "stored")
     p.add_argument("--trials", type=positive_int, default=30, help="with --search-quality: the short search (default 30)")
     p.add_argument("--reference-trials", type=positive_int, default=300,
                    help="with --search-quality: the long search (default 300)")
@@ -245,15 +248,16 @@ def _generate(args) -> int:
 
 
 def _search_quality(args) -> int:
-    from ..tune.quality import format_quality, search_quality
+    from ..tune.quality import format_row, quality_header, runtime_alternatives, search_quality
 
     if args.trials >= args.reference_trials:
         raise UserError(f"--trials {args.trials} must be fewer than --reference-trials {args.reference_trials}")
     problems = problems_from_args(args)
     gpu = require_gpu()
+    print(quality_header(), flush=True)
     rows = search_quality(problems, gpu=gpu, short=args.trials, long=args.reference_trials,
-                          seed=args.seed if args.seed is not None else 0)
-    print(format_quality(rows), flush=True)
+                          seed=args.seed if args.seed is not None else 0, alternatives=runtime_alternatives(),
+                          on_row=lambda r: print(format_row(r), flush=True))
     if args.output:
         write_json(args.output, [r.to_dict() for r in rows])
     return 0
