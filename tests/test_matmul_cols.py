@@ -246,9 +246,8 @@ def test_the_m1_loop_retires_more_w_per_instruction_than_every_served_m1_config(
     for c in served:
         theirs = w_bytes_per_instruction(c, "sm_90", cache_dir=compile_cache)
         assert mine.bytes_per_instruction > theirs.bytes_per_instruction, (c.short(), theirs.to_dict())
-        if c.mma == "mma-rows":       # their loop: groups of unroll windows, 2 rows of each 16-row tile per lane
-            group = c.unroll * (c.rows_per_warp // 16) * 2 * c.load_bytes
-            assert theirs.w_bytes == (2 if c.prefetch == 1 and not c.persist else 1) * group   # pf1: ping-pong
+        if c.mma == "mma-rows":       # their loop: a group of unroll windows, 2 rows of each 16-row tile per lane
+            assert theirs.w_bytes == c.unroll * (c.rows_per_warp // 16) * 2 * c.load_bytes
     # with the 64 KiB-aligned table a lookup's address is its PRMT's result: every table LDS reads [R] alone
     body = path_instructions(disassemble_config(cols(), compile_cache), mine.loop)
     lookups = [t for t in body if t.split()[0] == "LDS"]

@@ -297,24 +297,11 @@ __device__ __forceinline__ void rows_steps(RowsGroup& G, float (&acc)[NF4T_RT][N
         rows_compute<kFull, kNested>(G, acc, s, a_lane, pitch, a_in, a, lane, lane4);
         G = G1;
         G1 = G2;
-#elif NF4T_PREFETCH == 1 && NF4T_PERSIST == 1
-        // stream-K's slice function keeps one group a trip (two put local memory in its loop)
+#elif NF4T_PREFETCH == 1
         RowsGroup Gn;
         if (kn < k_end) rows_load_next<kFull, kNested>(Gn, cur, B, s, row0, N, K, k_end, g, t, kn);
         rows_compute<kFull, kNested>(G, acc, s, a_lane, pitch, a_in, a, lane, lane4);
         G = Gn;
-#elif NF4T_PREFETCH == 1
-        // two groups a trip, ping-pong: G and Gn swap roles instead of Gn being copied into G (the copy was
-        // a register move per word of W and statistics every group: 8.16 -> 8.83 bytes of W per
-        // warp-instruction in the served M = 1 loop, NVRTC 13.5, sm_90). The same mmas in the same order.
-        RowsGroup Gn;
-        if (kn < k_end) rows_load_next<kFull, kNested>(Gn, cur, B, s, row0, N, K, k_end, g, t, kn);
-        rows_compute<kFull, kNested>(G, acc, s, a_lane, pitch, a_in, a, lane, lane4);
-        if (kn >= k_end) break;
-        kw = kn;
-        a_lane += 2 * NF4T_GK;
-        if (kn + NF4T_GK < k_end) rows_load_next<kFull, kNested>(G, cur, B, s, row0, N, K, k_end, g, t, kn + NF4T_GK);
-        rows_compute<kFull, kNested>(Gn, acc, s, a_lane, pitch, a_in, a, lane, lane4);
 #else
         rows_compute<kFull, kNested>(G, acc, s, a_lane, pitch, a_in, a, lane, lane4);
         if (kn < k_end) rows_load_next<kFull, kNested>(G, cur, B, s, row0, N, K, k_end, g, t, kn);
