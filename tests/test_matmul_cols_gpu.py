@@ -151,7 +151,7 @@ def test_plain_statistics_and_the_other_blocksizes(seed, config):
 
     c = _base(config)
     bs = c.part
-    prob = P(300, 2048, c.m, bs=bs)
+    prob = P(300, 2048, c.m, c.dtype, bs=bs)
     inputs = MM.make_inputs(prob, prob.shape, seed)
     w = F.dequantize_4bit(inputs.B, inputs.qs)
     B, qs = F.quantize_4bit(w, blocksize=bs, compress_statistics=False, quant_type="nf4")
@@ -231,7 +231,7 @@ def test_the_target_shapes(seed, config):
     c = _base(config)
     for n, k in ((8192, 8192), (28672, 8192), (4096, 14336), (1024, 4096)):
         run = _fitting(c, n, k, c.m)
-        r = check_config(run, P(n, k, c.m), seed=seed, shapes=[(n, k, c.m, True)])
+        r = check_config(run, P(n, k, c.m, c.dtype), seed=seed, shapes=[(n, k, c.m, True)])
         assert r.ok, f"{run.short()} {n}x{k}: {r.reason}"
 
 

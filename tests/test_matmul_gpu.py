@@ -167,14 +167,14 @@ def test_every_path_passes_the_gate(seed, config, dtype):
 
 @pytest.mark.parametrize("config", EACH_STRUCTURE + SERVED, ids=[label(c) for c in EACH_STRUCTURE + SERVED])
 def test_large_k_and_the_five_target_shapes(seed, config):
-    """One config of each structure and every served config at large shapes (bf16, nf4, each config's batch
+    """One config of each structure and every served config at large shapes (each config's dtype, nf4, its batch
     bucket and blocksize): each passes the gate or is refused by its plan with the reason."""
     c = _launchable(config)
     if c is None:
         pytest.skip(f"{label(config)}: no CTA of its warps launches on this GPU at its registers")
     bs = _blocksize(c)
     for n, k in ((1024, 4096), (4096, 14336), (28672, 8192)):
-        prob = P(n, k, c.m, bs=bs)
+        prob = P(n, k, c.m, c.dtype, bs=bs)
         why = _refusal(c, prob)
         if why:
             assert "shared memory" in why or "exceed the device's" in why, why
@@ -354,7 +354,7 @@ def test_plain_absmax(seed):
         if c is None:
             continue
         bs = _blocksize(c)
-        prob = P(300, 1024, c.m, bs=bs)
+        prob = P(300, 1024, c.m, c.dtype, bs=bs)
         if _refusal(c, prob):
             continue
         inputs = MM.make_inputs(prob, prob.shape, seed)
@@ -383,7 +383,7 @@ def test_the_scale_table_with_large_blocks_and_slices_inside_a_block(seed, confi
         pytest.skip(f"{label(config)}: no CTA of its warps launches on this GPU at its registers")
     for bs, ksplit in ((4096, 4), (2048, 8), (1024, 16)):
         c = _with(base, ksplit=ksplit)
-        r = check_config(c, P(777, 8192, c.m, bs=bs), seed=seed)
+        r = check_config(c, P(777, 8192, c.m, c.dtype, bs=bs), seed=seed)
         assert r.ok, f"{c.short()} bs{bs}: {r.reason}"
     prob = P(333, 8192, base.m, bs=4096)
     inputs = MM.make_inputs(prob, prob.shape, seed)
