@@ -206,7 +206,7 @@ def test_windows_over_several_blocks_at_their_blocksize(seed, config):
             assert r.ok and len(r.checked) == 3, f"{c.short()} bs{bs}: {r.reason}"
     if config == SPAN[0]:
         for n, k in ((28672, 8192), (4096, 14336), (1024, 4096)):
-            r = check_config(base, P(n, k, base.m, bs=bs), seed=seed)
+            r = check_config(base, P(n, k, base.m, base.dtype, bs=bs), seed=seed)
             assert r.ok, f"{base.short()} {n}x{k}: {r.reason}"
 
 
@@ -385,7 +385,7 @@ def test_the_scale_table_with_large_blocks_and_slices_inside_a_block(seed, confi
         c = _with(base, ksplit=ksplit)
         r = check_config(c, P(777, 8192, c.m, c.dtype, bs=bs), seed=seed)
         assert r.ok, f"{c.short()} bs{bs}: {r.reason}"
-    prob = P(333, 8192, base.m, bs=4096)
+    prob = P(333, 8192, base.m, base.dtype, bs=4096)
     inputs = MM.make_inputs(prob, prob.shape, seed)
     w = F.dequantize_4bit(inputs.B, inputs.qs)
     B, qs = F.quantize_4bit(w, blocksize=4096, compress_statistics=False, quant_type="nf4")
