@@ -104,6 +104,8 @@ def test_the_register_rule_follows_the_windows_registers():
     assert cols(rows_per_warp=32, prefetch=0).rows_per_warp == 32 and cols(warps=16).warps == 16
     batches = {c.m for c in MM.iter_sources(experimental=True, dtype=["bf16"], quant=["nf4"], mma=["mma-cols"])}
     assert batches == {1, 2, 4, 8, 16, 32}              # mtile = m, at most 32 batch rows per CTA
+    with pytest.raises(InvalidConfig, match="the 64-row tile is mma-rows'"):
+        cols(m=64, mtile=64, cols_mb=8, prefetch=0)
 
 
 def test_the_error_bound_is_the_tensor_core_case_with_rounded_codes():

@@ -314,3 +314,50 @@ def test_pdl_is_asked_for_by_the_environment(monkeypatch):
     monkeypatch.setenv("NF4TUNE_PDL", "yes")
     with pytest.raises(ValueError, match="1 .programmatic dependent launch. or 0"):
         pdl_enabled(0)
+
+
+def test_the_64_row_batch_tile_reads_w_once_at_m_64_and_at_m_32_with_span(compile_cache):
+    """mtile 64 (mma-rows, experimental): a CTA takes 64 batch rows, so at M = 64 (span 1) and at M = 32 with
+    span 2 (16-byte loads at blocksize 64) W is read and decoded once, where the 32-row tile reads it twice.
+    In the SASS (sm_90): no spills, an 8-warp CTA launches, and its loop issues 8 n8 tiles' mmas per window:
+    with the same loads of W per group as the 8-row tile and 8 times its HMMAs. The plan stages 64 rows of A
+    where they fit (28672x8192 at split-K 8) and refuses, with the reason, where they do not. Refused off
+    mma-rows, at 32 rows per warp, and where the batch fills at most half of it."""
+    from nf4tune.families.matmul import MatmulPlan
+    from nf4tune.kernel.compiler import compile_config
+    from nf4tune.vocabulary import UnsupportedInput
+
+    h100 = DeviceLimits(sm_count=132, smem_per_block_optin=227 * 1024)
+    rows = dict(mma="mma-rows", rows_per_warp=16, scale="block", astage="shared", lut="pairx", warps=8, ksplit=8,
+                achunk=1, prefetch=1)
+    for knobs in (dict(rows, load_bytes=8, span=1, unroll=2, m=64), dict(rows, load_bytes=16, span=2, unroll=1, m=32)):
+        wide = MM.config(**knobs, mtile=64)
+        assert wide.experimental() == ("mtile",) and " m64 " in wide.short()
+        narrow = MM.config(**dict(knobs, m=8 if knobs["span"] == 1 else 4), mtile=8)
+        k = compile_config(wide, "sm_90", cache_dir=compile_cache)
+        assert _launches(k, 8), (wide.short(), k.registers)
+        if _nvdisasm_found():
+            mw, _ = _per_group(k.cubin, wide)
+            mn, _ = _per_group(compile_config(narrow, "sm_90", cache_dir=compile_cache).cubin, narrow)
+            assert mw["HMMA"] == 8 * mn["HMMA"] and mw["LDG"] == mn["LDG"], (mw, mn)
+        plan = MatmulPlan(wide, knobs["m"], 28672, 8192, 64, 256, h100, k.registers, "cpu")
+        assert plan.smem <= h100.smem_per_block_optin
+        with pytest.raises(UnsupportedInput, match="shared memory"):
+            MatmulPlan(wide.replace(ksplit=1), knobs["m"], 28672, 8192, 64, 256, h100, k.registers, "cpu")
+    for bad in (dict(mma="mma-ks", load_bytes=8, rows_per_warp=16, warps=8, lut="pair", scale="block", m=64),
+                dict(rows, load_bytes=8, span=1, unroll=2, m=32), dict(rows, load_bytes=8, span=1, unroll=2, m=64,
+                                                                       rows_per_warp=32)):
+        with pytest.raises(InvalidConfig):
+            MM.config(**bad, mtile=64)
+
+
+def _per_group(cubin, config):
+    """The steady-state loop's mix and path per group of ``config`` (mma-rows: unroll windows of 2 rows of
+    each m16 tile a lane; sass.steady_loop)."""
+    from nf4tune.kernel.sass import disassemble, steady_loop
+
+    d = steady_loop(disassemble(cubin))
+    group = config.unroll * (config.rows_per_warp // 16) * 2 * config.load_bytes
+    groups = d.w_bytes / group
+    assert groups == int(groups) and groups >= 1, (d.w_bytes, group)
+    return {op: n / groups for op, n in d.loop.mix}, d.instructions / groups

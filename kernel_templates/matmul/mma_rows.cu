@@ -17,7 +17,7 @@
 //
 // Knobs (besides common.cuh's and tensor.cuh's):
 //   NF4T_ROWS_PER_WARP  16 or 32: m16 tiles per warp.
-//   NF4T_MTILE          8, 16 or 32: n8 tiles of the batch (mtile / span batch rows per CTA).
+//   NF4T_MTILE          8, 16, 32 or 64: n8 tiles of the batch (mtile / span batch rows per CTA).
 //   NF4T_LUT            NF4T_LUT_PAIR, NF4T_LUT_PAIRX or NF4T_LUT_PRMT (16-bit code pairs).
 //   NF4T_SPAN           blocks a window spans (1, 2, 4). 1: a window lies in one block (8 x LOAD_BYTES <=
 //                       blocksize). 2, 4 (16-byte loads at blocksize 64 or 32): the mma's n8 columns are

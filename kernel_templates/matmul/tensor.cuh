@@ -16,7 +16,7 @@
 //   rounded to the operand dtype times the fp32 scale (bnb's dequantize rounds code * scale instead;
 //   both are one rounding of the operand dtype away from the float32 weight).
 //
-// Knobs read here: NF4T_ROWS_PER_WARP (16 or 32: m16 tiles), NF4T_MTILE (8, 16, 32: n8 tiles),
+// Knobs read here: NF4T_ROWS_PER_WARP (16 or 32: m16 tiles), NF4T_MTILE (8, 16, 32, 64: n8 tiles),
 // NF4T_LOAD_BYTES (the run), NF4T_UNROLL (windows per group).
 
 #define NF4T_NT (NF4T_MTILE / 8)

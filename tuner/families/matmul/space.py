@@ -92,7 +92,7 @@ def rounded_codes(config) -> bool:
 def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
     """mma: 16-byte loads, 16/32/64 rows per warp, batch tile 8/16, every value scaled; mma-ks: 16/32 rows
     per CTA, batch tile 8/16, a scale per window and block; mma-rows: 16/32 rows per warp, batch tile
-    8/16/32, a scale per window; mma-cols: load_bytes 16 (not read), 16/32 rows per warp, a scale per (row,
+    8/16/32 (64 at 16 rows per warp), a scale per window; mma-cols: load_bytes 16 (not read), 16/32 rows per warp, a scale per (row,
     part); no tensor-core path for fp32. SIMT: at most 32 rows per warp and a batch
     tile of 8, mtile x 2 x load_bytes <= 64 registers of A, rows_per_warp x load_bytes <= 128 bytes in
     flight, mtile x rows_per_warp <= 32 accumulators."""
@@ -122,9 +122,12 @@ def _path_shape(mma, load_bytes, rows_per_warp, mtile, scale, dtype):
         path, rows, scaled = _ROW_OPERAND_PATHS[mma]
         if rows_per_warp not in (16, 32):
             return f"the {path} tensor-core path takes 16 or 32 {rows} (m16 tiles)"
-        tiles = (8, 16, 32) if mma == "mma-rows" else (8, 16)
+        tiles = (8, 16, 32, 64) if mma == "mma-rows" else (8, 16)
         if mtile not in tiles:
             return f"the {path} tensor-core path tiles the batch by {', '.join(map(str, tiles))} (n8 tiles)"
+        if mtile == 64 and rows_per_warp != 16:
+            return ("the 64-row batch tile takes 16 rows per warp (its sums and a window's partial sums are 64 "
+                    "registers at 16 rows)")
         if scale != "block":
             return f"the {path} tensor-core path scales once per {scaled}"
         if dtype == "fp32":
@@ -345,9 +348,12 @@ def _cols_knobs(mma, cols_mb, part, table64):
 
 
 def _cols_tile(mma, mtile, cols_mb):
-    """mma-cols: mtile = cols_mb x n8 tiles, 1 to 8 tiles."""
+    """mma-cols: mtile = cols_mb x n8 tiles, 1 to 8 tiles, at most 32 batch rows (the 64-row tile is
+    mma-rows')."""
     if mma != "mma-cols":
         return None
+    if mtile > 32:
+        return f"mma-cols takes at most 32 batch rows per CTA, not mtile {mtile} (the 64-row tile is mma-rows')"
     if mtile % cols_mb:
         return f"mma-cols: mtile {mtile} is not a whole number of n8 tiles of cols_mb {cols_mb} batch rows"
     if mtile // cols_mb > COLS_MAX_TILES:
@@ -377,7 +383,8 @@ KNOBS = (
          help="bytes of W one lane loads per row per step (8, 16 or 32 values)"),
     Knob("rows_per_warp", (1, 2, 4, 8, 16, 32, 64), default=4, refine=2, experimental=(1, 8, 64), label="r{}",
          help="rows of W per warp (SIMT: loads in flight; MMA: m16 tiles), all reusing one load of A"),
-    Knob("mtile", (1, 2, 4, 8, 16, 32), refine=7, label="m{}", help="rows of A per CTA"),
+    Knob("mtile", (1, 2, 4, 8, 16, 32, 64), refine=7, experimental=(64,), label="m{}",
+         help="rows of A per CTA (64: mma-rows only, 8 n8 tiles: W read once at M = 64, or at M = 32 with span 2)"),
     Knob("warps", (1, 2, 4, 8, 12, 14, 16), "launch", default=4, refine=1, label="w{}",
          help="warps per CTA (12, 14, 16: SIMT, mma-rows and mma-cols only, one pair table and one stage of A for more "
               "warps; 12 and 14 change how many rows a wave of resident CTAs covers, and so the last wave's fill)"),
