@@ -656,3 +656,26 @@ def test_programmatic_dependent_launch_keeps_the_sums(seed, tmp_path, monkeypatc
             assert torch.equal(out, w)
     finally:
         table.use_configs(None)
+
+
+WIDE = [MM.config(mma="mma-rows", rows_per_warp=16, scale="block", astage="shared", lut="pairx", warps=8, ksplit=8,
+                  achunk=1, prefetch=1, mtile=64, **knobs)
+        for knobs in (dict(load_bytes=8, span=1, unroll=2, m=64), dict(load_bytes=16, span=2, unroll=1, m=32))]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("config", WIDE, ids=[label(c) for c in WIDE])
+def test_the_64_row_batch_tile_at_large_k(seed, config, dtype):
+    """mtile 64 (experimental): the gate's shapes at K = 8192 (odd N, a batch short of the tile, a short K) and
+    the whole tile at 4096x8192, with the split-K its stage of A needs."""
+    c = _launchable(config.replace(dtype=dtype))
+    if c is None:
+        pytest.skip(f"{label(config)}: no CTA of its warps launches on this GPU at its registers")
+    bs = _blocksize(c)
+    prob = P(1000, 8192, c.m, dtype, bs=bs)
+    why = _refusal(c, prob)
+    assert not why, why
+    r = check_config(c, prob, seed=seed)
+    assert r.ok and len(r.checked) == 3, f"{c.short()}: {r.reason}"
+    r = check_config(c, P(4096, 8192, c.m, dtype, bs=bs), seed=seed, shapes=[(4096, 8192, c.m, True)])
+    assert r.ok, f"{c.short()} 4096x8192: {r.reason}"
