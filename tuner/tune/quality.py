@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence
 
-from ..vocabulary import Problem
+from ..vocabulary import TORCH_DTYPE, Problem
 
 __all__ = ["QualityRow", "Alternative", "best_after", "search_quality", "format_quality", "format_row",
            "quality_header", "runtime_alternatives", "TARGET", "TARGETS"]
@@ -170,28 +170,21 @@ def runtime_alternatives(device_index: int = 0, budget_s: Optional[float] = None
         import bitsandbytes.functional as F
 
         from ..families import get as get_family
-        from ..kernel.arch import device_limits
-        from ..serve.matmul import gpu_name, plan_verdict, serve_decision
+        from ..serve.matmul import explain_matmul, gpu_name
         from ..serve.table import choose_config
         from .autotune import BUDGET_S, autotune_weight
 
-        gpu = gpu_name(device_index)
         if problem.family != "matmul":
-            c = choose_config(gpu, problem)
+            c = choose_config(gpu_name(device_index), problem)
             return [(c.source, c.config, c.describe())]
         N, K = problem.shape
-        limits = device_limits(device_index)
-
-        def accepts(config):
-            return plan_verdict(config, problem.m, N, K, problem.blocksize, 256, limits)
-
-        d = serve_decision(gpu, problem, accepts)
-        out = [(d.rule if d.served else "transfer", d.choice.config if d.served else None, d.reason)]
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[problem.dtype]
+        dtype = getattr(torch, TORCH_DTYPE[problem.dtype])
         dev = torch.device("cuda", device_index)
         W = torch.randn(N, K, dtype=dtype, device=dev)
         B, qs = F.quantize_4bit(W, blocksize=problem.blocksize, quant_type=problem.quant, compress_statistics=True)
         A = torch.randn(problem.m, K, dtype=dtype, device=dev)
+        d = explain_matmul(A, qs)                # the runtime's own decision for this weight and batch
+        out = [(d.rule if d.served else "transfer", d.choice.config if d.served else None, d.reason)]
         r = autotune_weight(A, B, qs, budget_s=budget_s or BUDGET_S, write=False)
         winner = get_family("matmul").from_dict(r.winner) if r.winner else None
         out.append(("autotune", winner, f"chosen in {r.seconds:.1f} s of {len(r.tried)} candidates"
